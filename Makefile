@@ -1,0 +1,44 @@
+# Respawn — the two commands: `make demo` and `make test`.
+# Both install whatever is missing first (virtualenv, Python packages, and the
+# testbed binaries built from the Go module proxy into ~/.cache/respawn).
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint unit integration binaries venv down clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=python3.x'"; exit 1; }
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+binaries:
+	@tools/k8sbins/build.sh >/dev/null
+
+lint: venv
+	$(BIN)/ruff check shared services tests bench
+	$(BIN)/ruff format --check shared services tests bench
+	$(BIN)/mypy
+
+unit: venv
+	$(BIN)/pytest tests/unit -q
+
+integration: venv binaries
+	$(BIN)/pytest tests/integration -q
+
+test: venv binaries lint
+	$(BIN)/pytest -q
+
+demo: venv binaries
+	$(BIN)/respawn demo
+
+down: venv
+	$(BIN)/respawn local down
+
+clean: down
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

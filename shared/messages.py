@@ -1,0 +1,224 @@
+"""Message schemas: the one place every bus message is defined.
+
+Every message is a pydantic model with a ``schema_kind`` and ``schema_version``;
+it travels as msgpack. A consumer rejects a message whose version is newer than
+it understands (``UnsupportedSchemaVersion``) instead of guessing, and a message
+that does not validate (``InvalidMessage``) is dead-lettered by the bus adapter.
+The schemas are documented in docs/messages.md.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar, Literal, TypeVar
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SCHEMA_HEADER = "Respawn-Schema"
+
+
+class InvalidMessage(ValueError):
+    """The bytes are not a valid message of the expected kind."""
+
+
+class UnsupportedSchemaVersion(InvalidMessage):
+    """The message was written by a newer producer than this consumer understands."""
+
+
+class Message(BaseModel):
+    """Base of every message on the bus."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    KIND: ClassVar[str] = ""
+    VERSION: ClassVar[int] = 1
+
+    schema_kind: str = ""
+    schema_version: int = 1
+
+    def model_post_init(self, __context: Any) -> None:
+        # Stamp kind/version on construction so producers never forget them.
+        object.__setattr__(self, "schema_kind", self.KIND)
+        object.__setattr__(self, "schema_version", self.VERSION)
+
+    @classmethod
+    def schema_id(cls) -> str:
+        return f"{cls.KIND}/v{cls.VERSION}"
+
+    def encode(self) -> bytes:
+        return msgpack.packb(self.model_dump(mode="json"), use_bin_type=True)  # type: ignore[no-any-return]
+
+
+M = TypeVar("M", bound=Message)
+
+
+def decode(cls: type[M], data: bytes) -> M:
+    """Decode msgpack bytes into ``cls``; raise InvalidMessage with a specific reason."""
+    try:
+        raw = msgpack.unpackb(data, raw=False)
+    except Exception as exc:  # msgpack raises several unrelated exception types
+        raise InvalidMessage(f"not msgpack: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise InvalidMessage(f"expected a map, got {type(raw).__name__}")
+    kind = raw.get("schema_kind")
+    if kind != cls.KIND:
+        raise InvalidMessage(f"expected schema_kind {cls.KIND!r}, got {kind!r}")
+    version = raw.get("schema_version")
+    if not isinstance(version, int):
+        raise InvalidMessage("schema_version missing or not an integer")
+    if version > cls.VERSION:
+        raise UnsupportedSchemaVersion(
+            f"{kind} schema version {version} is newer than supported {cls.VERSION}; upgrade this service"
+        )
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidMessage(f"invalid {kind}: {exc.errors(include_url=False)}") from exc
+
+
+class ObjectRef(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    namespace: str = ""
+    name: str
+    uid: str = ""
+
+
+# ---------------------------------------------------------------- observations
+
+
+class AppWrapperObservation(Message):
+    """Latest state of an AppWrapper (the whole object; ``deleted`` marks a tombstone)."""
+
+    KIND: ClassVar[str] = "observation.appwrapper"
+
+    ref: ObjectRef
+    resource_version: str = ""
+    deleted: bool = False
+    observed_at: datetime
+    body: dict[str, Any] = Field(default_factory=dict)
+
+
+class ContainerState(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    init: bool = False
+    state: Literal["waiting", "running", "terminated", "unknown"] = "unknown"
+    exit_code: int | None = None
+    reason: str = ""
+    ready: bool = False
+    restart_count: int = 0
+
+
+class PodObservation(Message):
+    """Latest state of a pod labelled ``workload.codeflare.dev/appwrapper``."""
+
+    KIND: ClassVar[str] = "observation.pod"
+
+    ref: ObjectRef
+    appwrapper: str
+    resource_version: str = ""
+    deleted: bool = False
+    observed_at: datetime
+    created_at: datetime | None = None
+    deletion_requested: bool = False
+    phase: str = "Pending"
+    node_name: str = ""
+    scheduled: bool = False
+    containers: tuple[ContainerState, ...] = ()
+    # Extended resources (e.g. nvidia.com/gpu) the pod requests or limits, for Autopilot.
+    resources: tuple[str, ...] = ()
+    owner_kind: str = ""
+    owner_name: str = ""
+
+
+class ComponentObservation(Message):
+    """Latest state of a top-level resource wrapped by an AppWrapper."""
+
+    KIND: ClassVar[str] = "observation.component"
+
+    ref: ObjectRef
+    appwrapper: str
+    api_version: str
+    kind: str
+    resource_version: str = ""
+    deleted: bool = False
+    observed_at: datetime
+    deletion_requested: bool = False
+    # Interpreted status for kinds Respawn understands (batch/v1 Job, kubeflow.org/v1 PyTorchJob).
+    failed: bool = False
+    succeeded: bool = False
+    status_message: str = ""
+
+
+class NodeObservation(Message):
+    KIND: ClassVar[str] = "observation.node"
+
+    name: str
+    resource_version: str = ""
+    deleted: bool = False
+    observed_at: datetime
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: tuple[dict[str, str], ...] = ()
+    unschedulable: bool = False
+    ready: bool = True
+
+
+# --------------------------------------------------------------------- verdicts
+
+VerdictState = Literal["Healthy", "Unhealthy", "Succeeded", "Deleted"]
+
+
+class Verdict(Message):
+    """Health's decision about one AppWrapper. Public interface: ``respawn.verdict.<ns>.<name>``.
+
+    ``state`` Unhealthy means the grace period (if any) has run out and lifecycle should
+    reset (or fail, when ``terminal``) the workload. ``seq`` increases with every verdict
+    published for one AppWrapper incarnation (uid) so a consumer can drop stale ones.
+    """
+
+    KIND: ClassVar[str] = "verdict"
+
+    ref: ObjectRef
+    state: VerdictState
+    reason: str = ""
+    message: str = ""
+    terminal: bool = False
+    # Autopilot migrations reset without counting against the retry limit.
+    counts_toward_retry: bool = True
+    nodes: tuple[str, ...] = ()
+    resetting_count: int = 0
+    first_unhealthy_at: datetime | None = None
+    decided_at: datetime
+    seq: int = 0
+    warnings: tuple[str, ...] = ()
+
+
+class NodeVerdict(Message):
+    """Autopilot's view of unhealthy nodes for one resource (e.g. nvidia.com/gpu)."""
+
+    KIND: ClassVar[str] = "verdict.node"
+
+    resource: str
+    no_schedule: tuple[str, ...] = ()
+    prefer_no_schedule: tuple[str, ...] = ()
+    no_execute: tuple[str, ...] = ()
+    decided_at: datetime
+
+
+class LifecycleEvent(Message):
+    """Something lifecycle did to an AppWrapper. Public interface: ``respawn.lifecycle.<ns>.<name>``."""
+
+    KIND: ClassVar[str] = "lifecycle.event"
+
+    ref: ObjectRef
+    event: str
+    phase: str = ""
+    previous_phase: str = ""
+    reason: str = ""
+    message: str = ""
+    resetting_count: int = 0
+    nodes: tuple[str, ...] = ()
+    at: datetime

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Builds the local testbed's binaries from the Go module proxy and caches them
+# outside the repository, keyed by version. Idempotent: a binary that is already
+# in the cache is not rebuilt. Prints one progress line per step.
+#
+#   tools/k8sbins/build.sh            # build whatever is missing
+#   RESPAWN_CACHE_DIR=/x tools/k8sbins/build.sh
+#
+# Versions are pinned in versions.env next to this script.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$HERE/versions.env"
+
+CACHE_ROOT="${RESPAWN_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/respawn}"
+OUT="$CACHE_ROOT/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-to-$TRAINING_OPERATOR_VERSION"
+mkdir -p "$OUT"
+
+log() { printf '[build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+fail() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+command -v go >/dev/null 2>&1 || fail "'go' not found on PATH; install Go >= 1.24 (https://go.dev/dl) and retry"
+
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-trimpath -buildvcs=false"
+
+need() { for b in "$@"; do [ -x "$OUT/$b" ] || return 0; done; return 1; }
+
+if need kube-apiserver kube-controller-manager kube-scheduler etcd; then
+  WORK="$CACHE_ROOT/gomod/k8s-$K8S_VERSION"
+  mkdir -p "$WORK"
+  log "preparing wrapper module for k8s.io/kubernetes $K8S_VERSION in $WORK"
+  MINOR="${K8S_VERSION#v1.}"; MINOR="${MINOR%%.*}"
+  STAGING_VERSION="v0.${K8S_VERSION#v1.}"
+  # The staging list is derived from the go.mod the proxy serves, never hard-coded:
+  # every `k8s.io/x => ./staging/...` line becomes `k8s.io/x => k8s.io/x v0.Y.Z`.
+  UPSTREAM_MOD="$(cd "$WORK" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^\s*"GoMod": "\(.*\)",\?$/\1/p')"
+  [ -f "$UPSTREAM_MOD" ] || fail "could not download k8s.io/kubernetes@$K8S_VERSION from the Go module proxy ($(go env GOPROXY)); check network/GOPROXY"
+  {
+    echo "module respawn.invalid/k8sbins"
+    echo
+    echo "go 1.24.0"
+    echo
+    echo "require ("
+    echo "	k8s.io/kubernetes $K8S_VERSION"
+    echo "	go.etcd.io/etcd/server/v3 $ETCD_VERSION"
+    echo ")"
+    echo
+    echo "replace ("
+    sed -n 's|^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*|\1|p' "$UPSTREAM_MOD" | while read -r m; do
+      echo "	$m => $m $STAGING_VERSION"
+    done
+    echo ")"
+  } > "$WORK/go.mod"
+  cat > "$WORK/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "go.etcd.io/etcd/server/v3"
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
+GO
+  log "resolving modules (go mod tidy)"
+  (cd "$WORK" && go mod tidy) || fail "go mod tidy failed for k8s $K8S_VERSION; see output above"
+  LD="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$MINOR -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
+  for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
+    if [ ! -x "$OUT/$cmd" ]; then
+      log "building $cmd $K8S_VERSION (several minutes on a cold cache)"
+      (cd "$WORK" && go build -ldflags "$LD" -o "$OUT/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd") || fail "building $cmd failed; see output above"
+      mv "$OUT/$cmd.tmp" "$OUT/$cmd"
+    fi
+  done
+  if [ ! -x "$OUT/etcd" ]; then
+    log "building etcd $ETCD_VERSION"
+    (cd "$WORK" && go build -ldflags "-s -w" -o "$OUT/etcd.tmp" go.etcd.io/etcd/server/v3) || fail "building etcd failed; see output above"
+    mv "$OUT/etcd.tmp" "$OUT/etcd"
+  fi
+fi
+
+if need kwok; then
+  log "building kwok $KWOK_VERSION"
+  GOBIN="$OUT" go install "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" || fail "building kwok failed; see output above"
+fi
+
+if need training-operator; then
+  log "building kubeflow training-operator $TRAINING_OPERATOR_VERSION"
+  TMPBIN="$(mktemp -d)"
+  GOBIN="$TMPBIN" go install "github.com/kubeflow/training-operator/cmd/training-operator.v1@$TRAINING_OPERATOR_VERSION" || { rm -rf "$TMPBIN"; fail "building training-operator failed; see output above"; }
+  mv "$TMPBIN/training-operator.v1" "$OUT/training-operator"; rm -rf "$TMPBIN"
+fi
+
+log "all binaries ready in $OUT"
+echo "$OUT"
