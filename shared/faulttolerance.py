@@ -1,0 +1,25 @@
+"""The fault-tolerance parameters of the retry loop (operator defaults and per-AppWrapper values).
+
+Defaults follow the AppWrapper fault-tolerance specification. Operator-level values are
+loaded and validated by :mod:`shared.config`; per-AppWrapper annotation overrides are
+applied by :mod:`shared.appwrapper.params`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class FaultTolerance:
+    admission_grace: timedelta = timedelta(minutes=1)
+    warmup_grace: timedelta = timedelta(minutes=5)
+    failure_grace: timedelta = timedelta(minutes=1)
+    retry_pause: timedelta = timedelta(seconds=90)
+    retry_limit: int = 3
+    deletion_on_failure_grace: timedelta = timedelta(0)
+    forceful_deletion_grace: timedelta = timedelta(minutes=10)
+    success_ttl: timedelta = timedelta(days=7)
+    # Upper bound on every grace period, including ones set by annotations.
+    grace_period_maximum: timedelta = timedelta(hours=24)
