@@ -46,9 +46,10 @@ def parse_excluded_nodes(value: str | None) -> tuple[tuple[str, ...], str | None
     node name the whole value is distrusted and read as empty: guessing which part is right could
     exclude the wrong machine.
     """
-    if value is None or not value.strip():
+    if value is None:
         return (), None
-    names = [part.strip() for part in value.split(",")]
+    # Empty entries (a trailing comma, a hand edit) carry no meaning and are skipped.
+    names = [part.strip() for part in value.split(",") if part.strip()]
     bad = [name for name in names if not is_node_name(name)]
     if bad:
         shown = ", ".join(repr(b) for b in bad[:3])
