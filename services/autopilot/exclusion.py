@@ -26,8 +26,10 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-EXCLUDED_NODES_ANNOTATION: Final = "respawn.dev/excluded-nodes"
-NODE_EXCLUSION_ANNOTATION: Final = "respawn.dev/node-exclusion"
+from shared.appwrapper.constants import RESPAWN_PREFIX
+
+EXCLUDED_NODES_ANNOTATION: Final = f"{RESPAWN_PREFIX}excluded-nodes"
+NODE_EXCLUSION_ANNOTATION: Final = f"{RESPAWN_PREFIX}node-exclusion"
 DEFAULT_MAX_EXCLUDED_NODES: Final = 8
 
 # RFC 1123 subdomain, the syntax of a node name.
