@@ -110,6 +110,9 @@ class ContainerState(BaseModel):
     reason: str = ""
     ready: bool = False
     restart_count: int = 0
+    # state.terminated.finishedAt: when a failed pod failed, taken from the pod itself so that
+    # every health instance (and a restarted one) computes the same failure deadline.
+    finished_at: datetime | None = None
 
 
 class PodObservation(Message):
@@ -151,6 +154,9 @@ class ComponentObservation(Message):
     failed: bool = False
     succeeded: bool = False
     status_message: str = ""
+    # metadata.creationTimestamp: tells a component of the current attempt from one deleted by
+    # the previous reset (same name) whose observation arrives late.
+    created_at: datetime | None = None
 
 
 class NodeObservation(Message):
@@ -194,6 +200,13 @@ class Verdict(Message):
     decided_at: datetime
     seq: int = 0
     warnings: tuple[str, ...] = ()
+    # When a condition still inside its grace period becomes Unhealthy unless it clears
+    # (set on Healthy verdicts that carry a reason), or when it did (on Unhealthy verdicts).
+    deadline: datetime | None = None
+    # The attempt judged: the ResourcesDeployed transition time of the AppWrapper's current
+    # deployment. With ``resetting_count`` it tells verdicts about an earlier attempt (including
+    # one ended by an Autopilot reset, which does not increment the count) from current ones.
+    attempt_started_at: datetime | None = None
 
 
 class NodeVerdict(Message):
