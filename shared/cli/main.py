@@ -1,0 +1,149 @@
+"""The `respawn` command line (typer): local testbed, services, demo.
+
+Output meant for other programs (``--json``) is versioned: see docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from shared.testbed.errors import TestbedError
+
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Respawn: fault tolerance for AppWrappers."
+)
+local_app = typer.Typer(
+    no_args_is_help=True, help="The local testbed (Kubernetes control plane + NATS, no Docker)."
+)
+app.add_typer(local_app, name="local")
+
+CLI_OUTPUT_VERSION = "respawn.cli/v1"
+
+StateDir = typer.Option(
+    Path(".respawn"), "--state-dir", help="Where the testbed keeps its state, logs and kubeconfig."
+)
+
+
+def _say(msg: str) -> None:
+    typer.echo(f"respawn: {msg}", err=True)
+
+
+def _fail(exc: Exception) -> None:
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(1)
+
+
+@local_app.command("up")
+def local_up(
+    state_dir: Path = StateDir,
+    nodes: int = typer.Option(4, "--nodes", min=1, max=500, help="Number of kwok fake nodes (8 GPUs each)."),
+    no_services: bool = typer.Option(
+        False, "--no-services", help="Start the bare testbed without Respawn's services."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the testbed's endpoints as JSON."),
+) -> None:
+    """Start the testbed on 127.0.0.1 and return once everything is ready."""
+    from shared.testbed import cluster, services
+
+    try:
+        state = cluster.up(state_dir, nodes=nodes, log=_say)
+        started: list[str] = []
+        if not no_services:
+            started = services.start_all(state, log=_say)
+    except (TestbedError, TimeoutError) as exc:
+        _fail(exc)
+        return
+    info = {
+        "version": CLI_OUTPUT_VERSION,
+        "kubeconfig": str(state.kubeconfig),
+        "natsUrl": state.nats_url,
+        "apiServer": state.api_url,
+        "stateDir": str(state.state_dir),
+        "services": started,
+    }
+    if as_json:
+        typer.echo(json.dumps(info))
+    else:
+        typer.echo(f"export KUBECONFIG={state.kubeconfig}")
+        typer.echo(f"export NATS_URL={state.nats_url}")
+
+
+@local_app.command("down")
+def local_down(state_dir: Path = StateDir) -> None:
+    """Stop everything `up` started (by pid) and remove the state directory."""
+    from shared.testbed import cluster
+
+    found = cluster.down(state_dir, log=_say)
+    _say("testbed stopped" if found else f"no testbed running in {state_dir}")
+
+
+@local_app.command("status")
+def local_status(state_dir: Path = StateDir, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Show which testbed processes are running."""
+    from shared.testbed import cluster
+
+    state = cluster.State.load(state_dir.resolve())
+    if state is None:
+        if as_json:
+            typer.echo(json.dumps({"version": CLI_OUTPUT_VERSION, "running": False, "processes": {}}))
+        else:
+            typer.echo(f"no testbed in {state_dir}")
+        raise typer.Exit(1)
+    running = state.running()
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {"version": CLI_OUTPUT_VERSION, "running": all(running.values()), "processes": running}
+            )
+        )
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("process", "pid", "state")
+    for name, alive in running.items():
+        table.add_row(name, str(state.pids[name]), "running" if alive else "stopped")
+    Console().print(table)
+
+
+@app.command("run")
+def run_service(
+    service: str = typer.Argument(..., help="watcher | health | lifecycle | autopilot"),
+    config: Path | None = typer.Option(
+        None, "--config", help="Operator configuration YAML (else RESPAWN_CONFIG)."
+    ),
+) -> None:
+    """Run one service in the foreground against KUBECONFIG and NATS_URL."""
+    from shared.testbed.services import SERVICES, run_in_foreground
+
+    if service not in SERVICES:
+        _fail(ValueError(f"unknown service {service!r}; choose one of {', '.join(SERVICES)}"))
+    sys.exit(run_in_foreground(service, config))
+
+
+@app.command("demo")
+def demo(
+    state_dir: Path = typer.Option(
+        Path(".respawn-demo"), "--state-dir", help="State directory for the demo testbed."
+    ),
+    keep: bool = typer.Option(False, "--keep", help="Leave the testbed running afterwards."),
+) -> None:
+    """Bring the testbed up, run a sample workload through Respawn, print what happened, tear down."""
+    from shared.demo import run_demo
+
+    try:
+        run_demo(state_dir, keep=keep, log=_say)
+    except (TestbedError, TimeoutError) as exc:
+        _fail(exc)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

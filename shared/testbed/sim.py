@@ -1,0 +1,79 @@
+"""Fault injection helpers for tests and the demo (pod simulation contract, see README).
+
+They act through the real API, exactly as an outside actor would.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from shared.testbed.cluster import kubectl
+
+SUCCEED_AFTER = "sim.respawn.dev/succeed-after"
+FAIL_AFTER = "sim.respawn.dev/fail-after"
+EXIT_CODE = "sim.respawn.dev/exit-code"
+STUCK_INIT = "sim.respawn.dev/stuck-init"
+STUCK_TERMINATING = "sim.respawn.dev/stuck-terminating"
+
+
+def get_json(kubeconfig: Path, *args: str) -> Any:
+    return json.loads(kubectl(kubeconfig, "get", *args, "-o", "json").stdout)
+
+
+def fail_pod(
+    kubeconfig: Path, namespace: str, pod: str, *, exit_code: int = 1, reason: str = "Error"
+) -> None:
+    """Mark a pod Failed now, with every container terminated with ``exit_code``.
+
+    A status patch through the API, as a kubelet would write it; the testbed's kwok stages
+    never overwrite it.
+    """
+    body = get_json(kubeconfig, "pod", pod, "-n", namespace)
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    statuses = [
+        {
+            "name": c["name"],
+            "image": c.get("image", ""),
+            "ready": False,
+            "restartCount": 0,
+            "state": {
+                "terminated": {"exitCode": exit_code, "reason": reason, "startedAt": now, "finishedAt": now}
+            },
+        }
+        for c in body["spec"]["containers"]
+    ]
+    patch = {"status": {"phase": "Failed", "containerStatuses": statuses}}
+    kubectl(
+        kubeconfig,
+        "patch",
+        "pod",
+        pod,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(patch),
+    )
+
+
+def label_node(kubeconfig: Path, node: str, key: str, value: str | None) -> None:
+    """Set (or with ``value=None`` remove) a node label, e.g. autopilot.ibm.com/gpuhealth=EVICT."""
+    arg = f"{key}-" if value is None else f"{key}={value}"
+    kubectl(kubeconfig, "label", "node", node, arg, "--overwrite")
+
+
+def taint_node(
+    kubeconfig: Path, node: str, key: str, value: str, effect: str, *, remove: bool = False
+) -> None:
+    arg = f"{key}={value}:{effect}" + ("-" if remove else "")
+    args = [arg] if remove else [arg, "--overwrite"]
+    kubectl(kubeconfig, "taint", "node", node, *args)
+
+
+def delete_component(kubeconfig: Path, namespace: str, kind: str, name: str) -> None:
+    """Delete a wrapped resource behind the controller's back (background propagation)."""
+    kubectl(kubeconfig, "delete", kind, name, "-n", namespace, "--cascade=background", "--wait=false")
