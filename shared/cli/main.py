@@ -45,12 +45,19 @@ def local_up(
         False, "--no-services", help="Start the bare testbed without Respawn's services."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the testbed's endpoints as JSON."),
+    api_port: int | None = typer.Option(
+        None, "--api-port", help="Fixed kube-apiserver port (default: a free one)."
+    ),
+    nats_port: int | None = typer.Option(
+        None, "--nats-port", help="Fixed NATS client port (default: a free one)."
+    ),
 ) -> None:
     """Start the testbed on 127.0.0.1 and return once everything is ready."""
     from shared.testbed import cluster, services
 
+    fixed = {k: v for k, v in {"apiserver": api_port, "nats": nats_port}.items() if v}
     try:
-        state = cluster.up(state_dir, nodes=nodes, log=_say)
+        state = cluster.up(state_dir, nodes=nodes, log=_say, fixed_ports=fixed)
         started: list[str] = []
         if not no_services:
             started = services.start_all(state, log=_say)

@@ -1,0 +1,139 @@
+"""`respawn local up/down` as a user runs it: clean start and stop, and clear one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shared.testbed import binaries
+from shared.testbed.ports import port_open
+from shared.testbed.process import pid_alive
+
+RESPAWN = [sys.executable, "-m", "shared.cli.main"]
+
+needs_binaries = pytest.mark.skipif(
+    bool(binaries.missing()),
+    reason=f"testbed binaries not built yet in {binaries.bin_dir()} (run 'make binaries')",
+)
+
+
+def respawn(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*RESPAWN, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or dict(os.environ),
+        check=False,
+    )
+
+
+def error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def assert_nothing_left(state_dir: Path, pids: dict[str, int]) -> None:
+    alive = [name for name, pid in pids.items() if pid_alive(pid)]
+    assert alive == [], f"processes left running: {alive}"
+    assert not (state_dir / "state.json").exists()
+
+
+@needs_binaries
+def test_up_twice_then_down_leaves_no_process_and_no_port(tmp_path: Path) -> None:
+    state_dir = tmp_path / "tb"
+    first = respawn("local", "up", "--state-dir", str(state_dir), "--nodes", "2", "--no-services", "--json")
+    assert first.returncode == 0, first.stderr
+    info = json.loads(first.stdout)
+    assert info["version"] == "respawn.cli/v1"
+    assert Path(info["kubeconfig"]).read_text().startswith("apiVersion: v1")
+    assert (state_dir / "nats.url").read_text().strip() == info["natsUrl"]
+    state = json.loads((state_dir / "state.json").read_text())
+    pids: dict[str, int] = state["pids"]
+    ports: dict[str, int] = state["ports"]
+    assert {
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kwok",
+        "nats-server",
+    } <= set(pids)
+    try:
+        again = respawn("local", "up", "--state-dir", str(state_dir), "--no-services", "--json")
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["apiServer"] == info["apiServer"], (
+            "second up reuses the running testbed"
+        )
+        assert json.loads((state_dir / "state.json").read_text())["pids"] == pids
+    finally:
+        down = respawn("local", "down", "--state-dir", str(state_dir))
+    assert down.returncode == 0, down.stderr
+    assert_nothing_left(state_dir, pids)
+    open_ports = [name for name, port in ports.items() if port_open(port)]
+    assert open_ports == [], f"ports still open after down: {open_ports}"
+
+
+@needs_binaries
+def test_busy_port_is_a_one_line_error_and_starts_nothing(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        busy = sock.getsockname()[1]
+        proc = respawn(
+            "local", "up", "--state-dir", str(tmp_path / "tb"), "--api-port", str(busy), "--no-services"
+        )
+    assert proc.returncode != 0
+    line = error_line(proc)
+    assert f"port {busy}" in line and "in use" in line
+    assert not (tmp_path / "tb" / "state.json").exists()
+
+
+@needs_binaries
+def test_component_dying_during_start_is_reported_and_cleaned_up(tmp_path: Path) -> None:
+    state_dir = tmp_path / "tb"
+    state_dir.mkdir()
+    # etcd cannot use a data dir that is a regular file: it exits during start-up.
+    (state_dir / "etcd").write_text("not a directory")
+    proc = respawn("local", "up", "--state-dir", str(state_dir), "--no-services")
+    assert proc.returncode != 0
+    line = error_line(proc)
+    assert "etcd exited during start-up" in line
+    assert not (state_dir / "state.json").exists()
+    assert (state_dir / "logs" / "etcd.log").exists(), "logs are kept for a look"
+
+
+def test_missing_go_is_a_one_line_error(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    env["RESPAWN_CACHE_DIR"] = str(tmp_path / "cache")  # nothing built here
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not (Path(p) / "go").exists())
+    assert shutil.which("go", path=env["PATH"]) is None
+    proc = respawn("local", "up", "--state-dir", str(tmp_path / "tb"), "--no-services", env=env)
+    assert proc.returncode != 0
+    line = error_line(proc)
+    assert "'go' not found" in line and "install Go" in line
+
+
+def test_failed_build_is_a_one_line_error(tmp_path: Path) -> None:
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    fake_go = fake_bin / "go"
+    fake_go.write_text("#!/bin/sh\necho 'go: simulated failure' >&2\nexit 1\n")
+    fake_go.chmod(0o755)
+    env = dict(os.environ)
+    env["RESPAWN_CACHE_DIR"] = str(tmp_path / "cache")
+    env["PATH"] = f"{fake_bin}{os.pathsep}{env['PATH']}"
+    proc = respawn("local", "up", "--state-dir", str(tmp_path / "tb"), "--no-services", env=env)
+    assert proc.returncode != 0
+    line = error_line(proc)
+    assert "building the testbed binaries failed" in line and "make binaries" in line
