@@ -42,7 +42,7 @@ from tenacity import (
     retry_if_exception_type,
     stop_after_attempt,
     stop_after_delay,
-    wait_exponential_jitter,
+    wait_exponential,
     wait_random,
 )
 
@@ -407,17 +407,24 @@ class Consumer(Generic[M]):
         """Stop after the message being handled (if any, waiting up to ``grace`` seconds);
         fetched messages not yet handled are nak'ed so another replica gets them at once."""
         self._stopping = True
+        self._bus._forget(self)
         task = self._task
         if task is None or task.done():
             return
         if not self._busy:
+            task.cancel()  # idle in fetch or in a retry wait: nothing to lose
+        _, pending = await asyncio.wait({task}, timeout=grace)
+        if pending:
+            log.warning(
+                "consumer %s/%s: handler still busy after %.0fs; cancelling it",
+                self.stream,
+                self.durable,
+                grace,
+            )
             task.cancel()
-        try:
-            await asyncio.wait_for(asyncio.shield(task), grace)
-        except TimeoutError:
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+            await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is not None:
+            log.error("consumer %s/%s ended with %r", self.stream, self.durable, task.exception())
 
     # -------------------------------------------------------------- loop
 
@@ -459,7 +466,7 @@ class Consumer(Generic[M]):
 
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(Exception),
-            wait=wait_exponential_jitter(initial=0.1, max=5.0),
+            wait=wait_exponential(multiplier=0.1, max=5.0) + wait_random(0, 0.1),
             before_sleep=before_sleep,
         ):
             with attempt:
@@ -753,6 +760,10 @@ class Bus:
     def consumers(self) -> tuple[Consumer[Any], ...]:
         return tuple(self._consumers)
 
+    def _forget(self, consumer: Consumer[Any]) -> None:
+        with contextlib.suppress(ValueError):
+            self._consumers.remove(consumer)
+
     def ready(self) -> bool:
         """Connected and every consumer started by this bus is bound and running."""
         return self.connected and all(c.running for c in self._consumers)
@@ -762,6 +773,7 @@ class Bus:
         for consumer in list(self._consumers):
             await consumer.stop()
         self._consumers.clear()
+        self._state.closing = True
         if not self._nc.is_closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._nc.flush(), 2.0)
@@ -893,7 +905,7 @@ class Bus:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(_TRANSIENT_PUBLISH_ERRORS),
                 stop=stop_after_delay(retry_for),
-                wait=wait_exponential_jitter(initial=0.05, max=2.0),
+                wait=wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.05),
                 reraise=True,
             ):
                 with attempt:
@@ -971,6 +983,7 @@ class _ConnectionState:
     service: str
     reconnects: int = 0
     last_error: str = ""
+    closing: bool = False
     _disconnected_at: float | None = None
 
     async def on_error(self, exc: Exception) -> None:
@@ -980,6 +993,8 @@ class _ConnectionState:
         self.last_error = text
 
     async def on_disconnected(self) -> None:
+        if self.closing:
+            return
         if self._disconnected_at is None:
             self._disconnected_at = time.monotonic()
             log.warning("disconnected from NATS; reconnecting")

@@ -1,0 +1,457 @@
+"""The bus adapter against a real nats-server with JetStream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+from nats.js import api
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import REGISTRY
+
+from shared import subjects
+from shared.bus import (
+    DL_CONSUMER_HEADER,
+    DL_ERROR_HEADER,
+    DL_MAX_DELIVERIES,
+    DL_REASON_HEADER,
+    DL_SEQUENCE_HEADER,
+    DL_STREAM_HEADER,
+    DL_SUBJECT_HEADER,
+    DL_UNSUPPORTED_VERSION,
+    MSG_ID_HEADER,
+    Bus,
+    BusError,
+    Delivery,
+    KvConflict,
+    KvEntry,
+    StreamSpec,
+    TransientError,
+    default_streams,
+)
+from shared.messages import SCHEMA_HEADER, ObjectRef, Verdict
+from shared.testbed.nats import start_nats
+
+pytestmark = pytest.mark.nats
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def uid() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+async def eventually(check: Callable[[], bool], *, within: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def eventually_async(
+    check: Callable[[], Awaitable[bool]], *, within: float = 15.0, what: str = "condition"
+) -> None:
+    deadline = time.monotonic() + within
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def verdict(name: str, *, seq: int = 0) -> Verdict:
+    return Verdict(
+        ref=ObjectRef(namespace="ns", name=name, uid=f"uid-{name}"),
+        state="Healthy",
+        decided_at=datetime(2025, 1, 1, tzinfo=UTC),
+        seq=seq,
+    )
+
+
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture
+async def bus(nats_url: str) -> AsyncIterator[Bus]:
+    b = await Bus.connect(nats_url, name=f"test-{uid()}")
+    await b.ensure_streams()
+    try:
+        yield b
+    finally:
+        await b.close()
+
+
+async def dead_letters(bus: Bus, count: int) -> list[Any]:
+    """The first ``count`` dead letters this bus's service wrote (read without consuming them)."""
+    sub = await bus.js.pull_subscribe(
+        subjects.dead_letter(bus.service),
+        stream=subjects.DEAD_LETTER_STREAM,
+        config=api.ConsumerConfig(ack_policy=api.AckPolicy.NONE, inactive_threshold=30.0),
+    )
+    try:
+        got: list[Any] = []
+        deadline = time.monotonic() + 15
+        while len(got) < count and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                got += await sub.fetch(count - len(got), timeout=1.0)
+        return got
+    finally:
+        await sub.unsubscribe()
+
+
+# ------------------------------------------------------------------ set-up
+
+
+async def test_setup_twice_is_idempotent(bus: Bus) -> None:
+    await bus.ensure_streams()  # the fixture already did it once
+    for spec in default_streams():
+        info = await bus.js.stream_info(spec.name)
+        assert sorted(info.config.subjects) == sorted(spec.subjects)
+        assert info.config.max_msgs_per_subject == spec.max_msgs_per_subject
+        assert info.config.duplicate_window == pytest.approx(bus.duplicate_window)
+    obs = await bus.js.stream_info(subjects.OBSERVATIONS_STREAM)
+    assert obs.config.max_msgs_per_subject == 1  # observations keep only the latest state
+
+    bucket = f"t_{uid()}"
+    kv1 = await bus.kv(bucket, history=5)
+    rev = await kv1.put("k", b"v1")
+    kv2 = await bus.kv(bucket, history=5)
+    assert await kv2.get("k") == KvEntry(key="k", value=b"v1", revision=rev)
+
+    durable = f"t_{uid()}"
+    config = api.ConsumerConfig(
+        name=durable,
+        durable_name=durable,
+        ack_policy=api.AckPolicy.EXPLICIT,
+        filter_subject=subjects.verdict("x", durable),
+        max_deliver=5,
+    )
+    await bus.ensure_consumer(subjects.VERDICTS_STREAM, config)
+    await bus.ensure_consumer(subjects.VERDICTS_STREAM, config.evolve(max_deliver=7))
+    info = await bus.js.consumer_info(subjects.VERDICTS_STREAM, durable)
+    assert info.config.max_deliver == 7  # updated in place, not duplicated or refused
+
+
+async def test_stream_with_other_config_is_updated_or_kept_without_crashing(
+    bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = f"T_{uid()}"
+    subject = f"respawn-test.{name}.>"
+    await bus.js.add_stream(
+        api.StreamConfig(name=name, subjects=[subject], max_msgs_per_subject=5, storage=api.StorageType.FILE)
+    )
+    spec = StreamSpec(name=name, subjects=(subject,), max_msgs_per_subject=1)
+    await bus.ensure_stream(spec)
+    assert (await bus.js.stream_info(name)).config.max_msgs_per_subject == 1
+
+    # The storage type can never change; the bus logs and keeps the stream as it is.
+    mem = f"T_{uid()}"
+    mem_subject = f"respawn-test.{mem}.>"
+    await bus.js.add_stream(
+        api.StreamConfig(name=mem, subjects=[mem_subject], storage=api.StorageType.MEMORY)
+    )
+    with caplog.at_level("ERROR", logger="shared.bus"):
+        await bus.ensure_stream(StreamSpec(name=mem, subjects=(mem_subject,)))
+    assert (await bus.js.stream_info(mem)).config.storage == api.StorageType.MEMORY
+    assert any(mem in r.getMessage() and "refused" in r.getMessage() for r in caplog.records)
+
+
+async def test_connect_failure_names_the_server() -> None:
+    with pytest.raises(BusError, match=r"could not connect to NATS at nats://127\.0\.0\.1:1 within"):
+        await Bus.connect("nats://127.0.0.1:1", name="nobody", connect_deadline=1.0)
+
+
+# ------------------------------------------------------------------ publish
+
+
+async def test_publish_deduplicates_by_msg_id_and_sets_headers(bus: Bus) -> None:
+    subject = subjects.verdict("dedup", uid())
+    provider = TracerProvider()
+    with provider.get_tracer("test").start_as_current_span("incident") as span:
+        first = await bus.publish(subject, verdict("a", seq=1), msg_id="same-id")
+    second = await bus.publish(subject, verdict("a", seq=2), msg_id="same-id")
+    assert first.stream == subjects.VERDICTS_STREAM
+    assert not first.duplicate
+    assert second.duplicate
+    assert second.seq == first.seq
+
+    stored = await bus.js.get_last_msg(subjects.VERDICTS_STREAM, subject)
+    assert stored.seq == first.seq
+    assert stored.headers[MSG_ID_HEADER] == "same-id"
+    assert stored.headers[SCHEMA_HEADER] == "verdict/v1"
+    # The active trace travels with the message (W3C traceparent: version-trace-span-flags).
+    assert stored.headers["traceparent"].split("-")[1] == format(span.get_span_context().trace_id, "032x")
+    info = await bus.js.stream_info(subjects.VERDICTS_STREAM, subjects_filter=subject)
+    assert info.state.subjects == {subject: 1}
+
+
+# ------------------------------------------------------------------ consume
+
+
+async def test_ack_only_after_the_handler_returns(bus: Bus) -> None:
+    subject = subjects.verdict("ack", uid())
+    durable = f"t_{uid()}"
+    entered = asyncio.Event()
+    release = asyncio.Event()
+    done: list[int] = []
+
+    async def handler(msg: Verdict, delivery: Delivery) -> None:
+        entered.set()
+        await release.wait()
+        done.append(msg.seq)
+
+    await bus.publish(subject, verdict("a", seq=7), msg_id=None)
+    consumer = await bus.consume(subjects.VERDICTS_STREAM, durable, subject, Verdict, handler)
+    await asyncio.wait_for(entered.wait(), 15)
+    info = await bus.js.consumer_info(subjects.VERDICTS_STREAM, durable)
+    assert info.num_ack_pending == 1  # delivered, handler still running: not acked yet
+    release.set()
+
+    async def acked() -> bool:
+        i = await bus.js.consumer_info(subjects.VERDICTS_STREAM, durable)
+        return bool(i.num_ack_pending == 0 and i.ack_floor.stream_seq == i.delivered.stream_seq)
+
+    await eventually_async(acked, what="the ack")
+    assert done == [7]
+    assert (
+        metric("respawn_bus_messages_acked_total", service=bus.service, stream=subjects.VERDICTS_STREAM) == 1
+    )
+    await consumer.stop()
+
+
+async def test_transient_error_redelivers_the_message(bus: Bus) -> None:
+    subject = subjects.verdict("transient", uid())
+    seen: list[tuple[int, int]] = []
+
+    async def handler(msg: Verdict, delivery: Delivery) -> None:
+        seen.append((msg.seq, delivery.num_delivered))
+        if delivery.num_delivered == 1:
+            raise TransientError("not yet", delay=0.1)
+
+    await bus.publish(subject, verdict("a", seq=1), msg_id=None)
+    await bus.consume(subjects.VERDICTS_STREAM, f"t_{uid()}", subject, Verdict, handler)
+    await eventually(lambda: len(seen) >= 2, what="the redelivery")
+    assert seen[:2] == [(1, 1), (1, 2)]
+    await eventually(
+        lambda: (
+            metric("respawn_bus_messages_acked_total", service=bus.service, stream=subjects.VERDICTS_STREAM)
+            == 1
+        ),
+        what="the ack after the retry",
+    )
+    labels = {"service": bus.service, "stream": subjects.VERDICTS_STREAM, "reason": "transient"}
+    assert metric("respawn_bus_messages_naked_total", **labels) == 1
+
+
+async def test_garbage_and_newer_versions_are_dead_lettered_and_consuming_goes_on(bus: Bus) -> None:
+    subject = subjects.verdict("poison", uid())
+    durable = f"t_{uid()}"
+    handled: list[int] = []
+
+    async def handler(msg: Verdict, delivery: Delivery) -> None:
+        handled.append(msg.seq)
+
+    newer = verdict("a", seq=2).model_dump(mode="json") | {"schema_version": 99}
+    garbage_ack = await bus.js.publish(subject, b"\xc1 definitely not msgpack")
+    newer_ack = await bus.js.publish(subject, msgpack.packb(newer))
+    await bus.publish(subject, verdict("a", seq=3), msg_id=None)
+
+    consumer = await bus.consume(subjects.VERDICTS_STREAM, durable, subject, Verdict, handler)
+    await eventually(lambda: handled == [3], what="the good message after two bad ones")
+    assert consumer.running
+
+    letters = await dead_letters(bus, 2)
+    by_seq = {int(m.headers[DL_SEQUENCE_HEADER]): m for m in letters}
+    assert set(by_seq) == {garbage_ack.seq, newer_ack.seq}
+    garbage = by_seq[garbage_ack.seq]
+    assert garbage.data == b"\xc1 definitely not msgpack"  # the raw bytes, untouched
+    assert garbage.headers[DL_REASON_HEADER] == "invalid"
+    assert garbage.headers[DL_SUBJECT_HEADER] == subject
+    assert garbage.headers[DL_STREAM_HEADER] == subjects.VERDICTS_STREAM
+    assert garbage.headers[DL_CONSUMER_HEADER] == durable
+    assert "not msgpack" in garbage.headers[DL_ERROR_HEADER]
+    assert by_seq[newer_ack.seq].headers[DL_REASON_HEADER] == DL_UNSUPPORTED_VERSION
+    assert "newer than supported" in by_seq[newer_ack.seq].headers[DL_ERROR_HEADER]
+
+    base = {"service": bus.service, "stream": subjects.VERDICTS_STREAM}
+    assert metric("respawn_bus_dead_lettered_total", **base, reason="invalid") == 1
+    assert metric("respawn_bus_dead_lettered_total", **base, reason=DL_UNSUPPORTED_VERSION) == 1
+
+    async def nothing_pending() -> bool:
+        info = await bus.js.consumer_info(subjects.VERDICTS_STREAM, durable)
+        return bool(info.num_ack_pending == 0 and info.num_pending == 0)
+
+    await eventually_async(nothing_pending, what="terminated poison messages to leave the consumer")
+
+
+async def test_handler_crash_is_retried_then_dead_lettered_when_deliveries_run_out(bus: Bus) -> None:
+    subject = subjects.verdict("crash", uid())
+    attempts: list[int] = []
+    handled: list[int] = []
+
+    async def handler(msg: Verdict, delivery: Delivery) -> None:
+        if msg.seq == 1:
+            attempts.append(delivery.num_delivered)
+            raise RuntimeError("boom")
+        handled.append(msg.seq)
+
+    await bus.publish(subject, verdict("a", seq=1), msg_id=None)
+    await bus.publish(subject, verdict("a", seq=2), msg_id=None)
+    await bus.consume(subjects.VERDICTS_STREAM, f"t_{uid()}", subject, Verdict, handler, max_deliver=2)
+
+    base = {"service": bus.service, "stream": subjects.VERDICTS_STREAM}
+    await eventually(
+        lambda: metric("respawn_bus_dead_lettered_total", **base, reason=DL_MAX_DELIVERIES) == 1,
+        what="the dead letter after the last delivery",
+    )
+    assert attempts == [1, 2]
+    assert handled == [2]
+    assert metric("respawn_bus_handler_errors_total", **base) == 2
+    [letter] = await dead_letters(bus, 1)
+    assert letter.headers[DL_REASON_HEADER] == DL_MAX_DELIVERIES
+    assert "RuntimeError: boom" in letter.headers[DL_ERROR_HEADER]
+
+
+async def test_stop_is_prompt_and_readiness_follows(bus: Bus) -> None:
+    async def handler(msg: Verdict, delivery: Delivery) -> None:
+        return None
+
+    consumer = await bus.consume(
+        subjects.VERDICTS_STREAM,
+        f"t_{uid()}",
+        subjects.verdict("stop", uid()),
+        Verdict,
+        handler,
+        fetch_timeout=5.0,
+    )
+    await eventually(bus.ready, what="the consumer to bind")
+    started = time.monotonic()
+    await consumer.stop()
+    assert time.monotonic() - started < 2.0  # does not wait for the 5 s fetch
+    assert consumer.task is not None and consumer.task.done()
+    assert not consumer.running
+    assert consumer not in bus.consumers
+
+
+async def test_consumer_keeps_working_across_a_server_restart(tmp_path: Path) -> None:
+    server = await asyncio.to_thread(start_nats, tmp_path / "nats")
+    try:
+        b = await Bus.connect(server.url, name=f"test-{uid()}")
+        try:
+            await b.ensure_streams()
+            subject = subjects.verdict("restart", uid())
+            handled: list[int] = []
+
+            async def handler(msg: Verdict, delivery: Delivery) -> None:
+                handled.append(msg.seq)
+
+            await b.consume(subjects.VERDICTS_STREAM, "restart", subject, Verdict, handler, fetch_timeout=0.5)
+            await b.publish(subject, verdict("a", seq=1), msg_id="one")
+            await eventually(lambda: handled == [1], what="the message before the restart")
+
+            await asyncio.to_thread(server.stop)
+            await eventually(lambda: not b.ready(), what="readiness to drop with the server")
+            # A publish while the server is down keeps retrying until JetStream is back...
+            pending = asyncio.create_task(b.publish(subject, verdict("a", seq=2), msg_id="two"))
+            await asyncio.to_thread(server.start)
+            await asyncio.wait_for(pending, 30)
+            # ...and the consumer re-binds after reconnecting and goes on.
+            await b.publish(subject, verdict("a", seq=3), msg_id="three")
+            await eventually(lambda: handled == [1, 2, 3], within=30, what="the messages after the restart")
+            assert b.reconnects >= 1
+            await eventually(b.ready, what="readiness after the restart")
+        finally:
+            await b.close()
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_trace_context_round_trips_from_producer_to_consumer(nats_url: str) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    b = await Bus.connect(nats_url, name=f"test-{uid()}", tracer_provider=provider)
+    try:
+        await b.ensure_streams()
+        subject = subjects.verdict("trace", uid())
+        onward = subjects.lifecycle_event("trace", uid())
+        seen: list[tuple[int, int, int]] = []
+
+        async def handler(msg: Verdict, delivery: Delivery) -> None:
+            remote = trace.get_current_span(delivery.trace_context).get_span_context()
+            current = trace.get_current_span().get_span_context()
+            seen.append((remote.trace_id, remote.span_id, current.trace_id))
+            # Work done by the handler (here: a publish) continues the same trace.
+            await b.publish(onward, verdict("b"), msg_id=None)
+
+        with provider.get_tracer("test").start_as_current_span("incident") as root:
+            await b.publish(subject, verdict("a"), msg_id=None)
+        trace_id = root.get_span_context().trace_id
+
+        await b.consume(subjects.VERDICTS_STREAM, f"t_{uid()}", subject, Verdict, handler)
+        await eventually(lambda: len(seen) == 1, what="the traced message")
+
+        spans = {
+            (s.name, (s.attributes or {}).get("messaging.destination.name")): s
+            for s in exporter.get_finished_spans()
+        }
+        producer = spans[("send verdict", subject)]
+        assert producer.parent is not None and producer.parent.span_id == root.get_span_context().span_id
+        assert seen[0] == (trace_id, producer.context.span_id, trace_id)
+        consumer = spans[("process verdict", subject)]
+        assert consumer.parent is not None and consumer.parent.span_id == producer.context.span_id
+        assert consumer.kind == trace.SpanKind.CONSUMER
+        onward_producer = spans[("send verdict", onward)]
+        assert (
+            onward_producer.parent is not None and onward_producer.parent.span_id == consumer.context.span_id
+        )
+
+        onward_msg = await b.js.get_last_msg(subjects.LIFECYCLE_STREAM, onward)
+        assert onward_msg.headers["traceparent"].split("-")[1] == format(trace_id, "032x")
+    finally:
+        await b.close()
+        provider.shutdown()
+
+
+# ------------------------------------------------------------------ KV
+
+
+async def test_kv_compare_and_set(bus: Bus) -> None:
+    kv = await bus.kv(f"t_{uid()}")
+    assert await kv.get("state") is None
+    rev1 = await kv.create("state", b"a")
+    with pytest.raises(KvConflict):
+        await kv.create("state", b"again")
+    rev2 = await kv.update("state", b"b", revision=rev1)
+    with pytest.raises(KvConflict):
+        await kv.update("state", b"stale", revision=rev1)
+    assert await kv.get("state") == KvEntry(key="state", value=b"b", revision=rev2)
+    await kv.delete("state", revision=rev2)
+    assert await kv.get("state") is None
+    assert await kv.create("state", b"c") > rev2  # a deleted key can be created again
+    assert await kv.keys() == ["state"]
+
+
+async def test_kv_update_with_serialises_concurrent_writers(bus: Bus) -> None:
+    kv = await bus.kv(f"t_{uid()}")
+
+    def increment(entry: KvEntry | None) -> bytes:
+        return str(int(entry.value) + 1 if entry else 1).encode()
+
+    await asyncio.gather(*(kv.update_with("n", increment, attempts=50) for _ in range(10)))
+    entry = await kv.get("n")
+    assert entry is not None and entry.value == b"10"  # no lost update
+    assert await kv.update_with("n", lambda e: None) == entry  # "no change" writes nothing
