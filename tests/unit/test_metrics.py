@@ -1,0 +1,155 @@
+"""Metrics in Prometheus text format, and the probe/metrics HTTP endpoint."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from shared import metrics
+from shared.probes import ProbeServer, probe_port, start_probes
+
+
+def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of an exposition, keyed by (name, sorted labels)."""
+    out = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_counter_renders_with_total_suffix_and_labels() -> None:
+    registry = CollectorRegistry()
+    c = metrics.counter("respawn_test_resets", "Resets started.", ("cause",), registry=registry)
+    c.labels(cause="PodFailed").inc()
+    c.labels(cause="PodFailed").inc()
+    c.labels(cause="AutopilotNoExecute").inc()
+    text = metrics.render(registry)
+    assert b"# HELP respawn_test_resets_total Resets started." in text
+    assert b"# TYPE respawn_test_resets_total counter" in text
+    got = samples(text)
+    assert got[("respawn_test_resets_total", (("cause", "PodFailed"),))] == 2
+    assert got[("respawn_test_resets_total", (("cause", "AutopilotNoExecute"),))] == 1
+    assert not any(name.endswith("_created") for name, _ in got)  # disabled on purpose
+
+
+def test_gauge_and_histogram_render() -> None:
+    registry = CollectorRegistry()
+    g = metrics.gauge("respawn_test_queue_depth", "Keys waiting.", registry=registry)
+    g.set(3)
+    h = metrics.histogram("respawn_test_latency_seconds", "Latency.", buckets=(0.1, 1.0), registry=registry)
+    h.observe(0.05)
+    h.observe(0.5)
+    h.observe(5)
+    got = samples(metrics.render(registry))
+    assert got[("respawn_test_queue_depth", ())] == 3
+    assert got[("respawn_test_latency_seconds_bucket", (("le", "0.1"),))] == 1
+    assert got[("respawn_test_latency_seconds_bucket", (("le", "1.0"),))] == 2
+    assert got[("respawn_test_latency_seconds_bucket", (("le", "+Inf"),))] == 3
+    assert got[("respawn_test_latency_seconds_count", ())] == 3
+    assert got[("respawn_test_latency_seconds_sum", ())] == pytest.approx(5.55)
+
+
+def test_declaring_again_returns_the_same_metric() -> None:
+    registry = CollectorRegistry()
+    first = metrics.counter("respawn_test_again", "Doc.", ("a",), registry=registry)
+    assert metrics.counter("respawn_test_again", "Doc.", ("a",), registry=registry) is first
+
+
+def test_declaring_a_name_with_another_type_or_labels_is_an_error() -> None:
+    registry = CollectorRegistry()
+    metrics.counter("respawn_test_clash", "Doc.", ("a",), registry=registry)
+    with pytest.raises(ValueError, match="already declared as Counter"):
+        metrics.gauge("respawn_test_clash", "Doc.", ("a",), registry=registry)
+    with pytest.raises(ValueError, match="already declared"):
+        metrics.counter("respawn_test_clash", "Doc.", ("b",), registry=registry)
+
+
+def test_bus_metrics_are_in_the_default_registry() -> None:
+    metrics.BUS_DEAD_LETTERED.labels(service="unit", stream="S", reason="invalid").inc()
+    got = samples(metrics.render())
+    assert (
+        got[
+            ("respawn_bus_dead_lettered_total", (("reason", "invalid"), ("service", "unit"), ("stream", "S")))
+        ]
+        >= 1
+    )
+    names = {name for name, _ in got}
+    assert "respawn_bus_dead_lettered_total" in names
+
+
+# ------------------------------------------------------------------ probes
+
+
+def test_probe_port_from_env() -> None:
+    assert probe_port({}) == 8081
+    assert probe_port({"RESPAWN_PROBE_PORT": "9090"}) == 9090
+    assert probe_port({"RESPAWN_PROBE_PORT": "0"}) == 0
+    with pytest.raises(ValueError, match="not a port number"):
+        probe_port({"RESPAWN_PROBE_PORT": "http"})
+    with pytest.raises(ValueError, match="out of range"):
+        probe_port({"RESPAWN_PROBE_PORT": "70000"})
+
+
+async def test_port_zero_disables_the_endpoint() -> None:
+    assert await start_probes(0) is None
+
+
+@pytest.fixture
+async def probes() -> AsyncIterator[ProbeServer]:
+    server = ProbeServer(port=0, host="127.0.0.1")
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def get(server: ProbeServer, path: str) -> tuple[int, str]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{server.port}{path}") as resp,
+    ):
+        return resp.status, await resp.text()
+
+
+async def test_healthz_answers_while_the_loop_runs(probes: ProbeServer) -> None:
+    probes.add_check("nats", lambda: False)  # liveness ignores readiness checks
+    assert await get(probes, "/healthz") == (200, "ok\n")
+
+
+async def test_readyz_follows_its_checks(probes: ProbeServer) -> None:
+    state = {"nats": False}
+    probes.add_check("nats", lambda: state["nats"])
+    probes.add_check("cache-synced", lambda: True)
+    status, body = await get(probes, "/readyz")
+    assert status == 503
+    assert "[-]nats failed" in body and "[+]cache-synced ok" in body
+    state["nats"] = True
+    status, body = await get(probes, "/readyz")
+    assert status == 200
+    assert "readyz check passed" in body
+
+
+async def test_readyz_treats_a_raising_check_as_not_ready(probes: ProbeServer) -> None:
+    def broken() -> bool:
+        raise RuntimeError("oops")
+
+    probes.add_check("broken", broken)
+    status, body = await get(probes, "/readyz")
+    assert status == 503
+    assert "[-]broken failed" in body
+
+
+async def test_metrics_endpoint_serves_the_registry(probes: ProbeServer) -> None:
+    metrics.BUS_MESSAGES_PUBLISHED.labels(service="probe-test", kind="verdict").inc()
+    status, body = await get(probes, "/metrics")
+    assert status == 200
+    got = samples(body.encode())
+    assert (
+        got[("respawn_bus_messages_published_total", (("kind", "verdict"), ("service", "probe-test")))] == 1
+    )
