@@ -1,0 +1,152 @@
+"""What the lifecycle state machine asks the service to do, and what the service reports back.
+
+The machine never performs I/O. A :class:`~services.lifecycle.machine.Plan` carries an ordered
+tuple of the actions below; the service carries them out against the Kubernetes API and the
+bus. Outcomes of component creation come back into the next decision as
+:class:`CreateOutcome` values, because whether a failed create means "retry", "reset" or
+"fail" is itself a lifecycle decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal
+
+from shared.messages import LifecycleEvent
+
+__all__ = [
+    "Action",
+    "CreateComponent",
+    "CreateOutcome",
+    "CreateResult",
+    "DeleteComponent",
+    "EmitEvent",
+    "ForceDeleteComponent",
+    "ForceDeletePods",
+    "LifecycleEventType",
+    "PublishLifecycleEvent",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CreateComponent:
+    """Create ``body`` (the rendered component ``index``) in the AppWrapper's namespace.
+
+    The body already carries the namespace, the AppWrapper label and a controller owner
+    reference. On AlreadyExists the service reads the object and reports whether its controller
+    owner reference names this AppWrapper (see :class:`CreateOutcome`).
+    """
+
+    index: int
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteComponent:
+    """Delete a wrapped resource with ``propagationPolicy: Background``; NotFound is success."""
+
+    index: int
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ForceDeletePods:
+    """Delete these labelled pods with ``gracePeriodSeconds: 0``; NotFound is success."""
+
+    namespace: str
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ForceDeleteComponent:
+    """Delete a wrapped resource with ``gracePeriodSeconds: 0`` (and Background propagation)."""
+
+    index: int
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class EmitEvent:
+    """Record a Kubernetes Event on the AppWrapper."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PublishLifecycleEvent:
+    """Publish ``event`` on ``respawn.lifecycle.<namespace>.<name>``.
+
+    ``msg_id`` is deterministic (AppWrapper uid, event type, attempt, phase), so that a plan
+    carried out twice, e.g. by a replacement instance after a crash, publishes once.
+    """
+
+    event: LifecycleEvent
+    msg_id: str
+
+
+Action = (
+    CreateComponent
+    | DeleteComponent
+    | ForceDeletePods
+    | ForceDeleteComponent
+    | EmitEvent
+    | PublishLifecycleEvent
+)
+
+
+class LifecycleEventType(StrEnum):
+    """Values of ``LifecycleEvent.event``: part of the public lifecycle stream."""
+
+    # Every phase change, with phase and previous_phase.
+    PHASE_CHANGED = "PhaseChanged"
+    # A reset began: resetting_count is the attempt number after it, reason the cause.
+    RESET_STARTED = "ResetStarted"
+    # Everything was deleted and the retry pause is over; the workload is being recreated.
+    RESET_FINISHED = "ResetFinished"
+    # The ForcefulDeletionGracePeriod ran out with resources left; deletion went to grace 0.
+    DELETION_FORCEFUL = "DeletionForceful"
+
+
+class CreateResult(StrEnum):
+    """How one CreateComponent call ended."""
+
+    CREATED = "Created"
+    # AlreadyExists; ``controlled_by_us`` says whether its controller owner is this AppWrapper.
+    ALREADY_EXISTS = "AlreadyExists"
+    # The API server rejected the object as Invalid (422): retrying cannot help.
+    INVALID = "Invalid"
+    # The kind is not served (no CRD / NoMatch): retrying within a reconcile cannot help.
+    NO_MATCH = "NoMatch"
+    # Anything else (throttling, timeouts, webhooks down, quota, forbidden...): retried.
+    ERROR = "Error"
+
+
+@dataclass(frozen=True, slots=True)
+class CreateOutcome:
+    result: CreateResult
+    # The name the object got (differs from the template with metadata.generateName).
+    name: str = ""
+    controlled_by_us: bool = True
+    message: str = ""
+
+    @property
+    def fatal(self) -> bool:
+        """Whether the failure makes the AppWrapper Failed at once, with no retry."""
+        if self.result is CreateResult.ALREADY_EXISTS:
+            return not self.controlled_by_us
+        return self.result in (CreateResult.INVALID, CreateResult.NO_MATCH)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.result is CreateResult.CREATED or (
+            self.result is CreateResult.ALREADY_EXISTS and self.controlled_by_us
+        )

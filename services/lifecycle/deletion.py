@@ -1,0 +1,192 @@
+"""Staged deletion of everything an AppWrapper created: gracefully first, then forcefully.
+
+One call is one step; the caller repeats it (on observations or at ``requeue_at``) until
+``complete``. The stages, as upstream's ``deleteComponents``:
+
+1. ``DeletingResources`` becomes True (reason ``DeletionInitiated``); its transition time starts
+   the forceful-deletion clock, so a restarted instance continues the same clock.
+2. Every component still present is deleted with Background propagation, letting its own
+   controller cascade the deletion to its pods.
+3. Once ``ForcefulDeletionGracePeriod`` has passed with anything left: every remaining labelled
+   pod is deleted with grace period 0, and only when no pod is left, the remaining components
+   are deleted with grace period 0. Pods go first because a component's controller could
+   otherwise recreate them, and because pods are what holds the nodes (and the quota).
+4. Complete when no component and no labelled pod is left: ``DeletingResources`` turns False
+   (``DeletionComplete``). Only then may the caller turn ``ResourcesDeployed`` False, which is
+   Kueue's signal that the quota is free.
+
+The escalation to grace 0 is recorded in the ``DeletingResources`` message (its status stays
+True, so the clock is unaffected). That makes "deletion became forceful" an event that happens
+exactly once per deletion, whichever instance observes it, rather than on every step.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from services.lifecycle.actions import Action, DeleteComponent, ForceDeleteComponent, ForceDeletePods
+from services.lifecycle.conditions import (
+    as_utc,
+    clear_condition,
+    condition_status,
+    find_condition,
+    is_true,
+    set_condition,
+    transition_time,
+)
+from services.lifecycle.observed import Observed, Presence
+from shared.appwrapper.constants import ComponentReason, ConditionStatus, ConditionType, Reason
+from shared.durations import format_go_duration
+
+__all__ = ["DELETION_POLL", "FORCEFUL_MESSAGE_PREFIX", "DeletionStep", "staged_deletion"]
+
+# How soon to look again while a deletion is in progress, in case an observation that would
+# wake the service is lost; progress is normally driven by observations, not by this poll.
+DELETION_POLL: Final = timedelta(seconds=5)
+
+FORCEFUL_MESSAGE_PREFIX: Final = "Forceful deletion"
+
+
+@dataclass(frozen=True, slots=True)
+class DeletionStep:
+    complete: bool
+    # The AppWrapper's new status.conditions and status.componentStatus.
+    conditions: list[dict[str, Any]]
+    component_status: list[dict[str, Any]]
+    actions: tuple[Action, ...]
+    requeue_at: datetime | None
+    # True in the one step that escalates to grace-period-0 deletion.
+    escalated: bool = False
+    # What was left when escalating, for events.
+    summary: str = ""
+
+
+def _component_name(entry: Mapping[str, Any], observed_name: str) -> str:
+    name = entry.get("name")
+    return observed_name or (name if isinstance(name, str) else "")
+
+
+def staged_deletion(
+    status: Mapping[str, Any],
+    *,
+    namespace: str,
+    observed: Observed,
+    forceful_grace: timedelta,
+    now: datetime,
+    observed_generation: int | None = None,
+) -> DeletionStep:
+    """One step of staged deletion over the AppWrapper ``status`` (which is not modified)."""
+    now = as_utc(now)
+    conditions: Sequence[Any] = status.get("conditions") or []
+    if not is_true(conditions, ConditionType.DELETING_RESOURCES):
+        conditions = set_condition(
+            conditions,
+            ctype=ConditionType.DELETING_RESOURCES,
+            status=ConditionStatus.TRUE,
+            reason=Reason.DELETION_INITIATED,
+            message="",
+            now=now,
+            observed_generation=observed_generation,
+        )
+    started = transition_time(conditions, ConditionType.DELETING_RESOURCES) or now
+    deadline = started + forceful_grace
+    expired = now >= deadline
+
+    raw_entries = status.get("componentStatus")
+    entries = [copy.deepcopy(dict(e)) if isinstance(e, Mapping) else {} for e in (raw_entries or [])]
+    actions: list[Action] = []
+    remaining: list[tuple[int, Mapping[str, Any], str]] = []
+    for index, entry in enumerate(entries):
+        seen = observed.component(index)
+        name = _component_name(entry, seen.name)
+        comp_conditions = entry.get("conditions") or []
+        comp_status = condition_status(comp_conditions, ConditionType.RESOURCES_DEPLOYED)
+        # Anything whose creation was attempted and whose deletion was not yet confirmed may
+        # exist: a create that timed out or errored may still have taken effect.
+        condition = find_condition(comp_conditions, ConditionType.RESOURCES_DEPLOYED)
+        recorded = comp_status == ConditionStatus.TRUE or (
+            condition is not None and bool(name) and condition.get("reason") != ComponentReason.DELETED
+        )
+        if seen.presence is Presence.ABSENT:
+            if recorded:
+                entry["conditions"] = set_condition(
+                    comp_conditions,
+                    ctype=ConditionType.RESOURCES_DEPLOYED,
+                    status=ConditionStatus.FALSE,
+                    reason=ComponentReason.DELETED,
+                    message="",
+                    now=now,
+                )
+            continue
+        present = seen.presence in (Presence.PRESENT, Presence.DELETING) or recorded
+        if not present or not name:
+            # Never created, or created under a generated name we never learned: nothing to delete.
+            continue
+        remaining.append((index, entry, name))
+        if seen.presence is not Presence.DELETING:
+            actions.append(
+                DeleteComponent(
+                    index=index,
+                    api_version=str(entry.get("apiVersion", "")),
+                    kind=str(entry.get("kind", "")),
+                    namespace=namespace,
+                    name=name,
+                )
+            )
+
+    poll = now + DELETION_POLL
+    if remaining and not expired:
+        return DeletionStep(False, list(conditions), entries, tuple(actions), min(deadline, poll))
+    if observed.pods is None:
+        # Not listed: completion cannot be declared, and forcing needs names.
+        return DeletionStep(False, list(conditions), entries, tuple(actions), poll)
+    pods = observed.pods
+    if not remaining and not pods:
+        conditions = clear_condition(
+            conditions,
+            ctype=ConditionType.DELETING_RESOURCES,
+            reason=Reason.DELETION_COMPLETE,
+            message="",
+            now=now,
+            observed_generation=observed_generation,
+        )
+        return DeletionStep(True, list(conditions), entries, tuple(actions), None)
+    if not expired:
+        # Components are gone but their pods are still terminating.
+        return DeletionStep(False, list(conditions), entries, tuple(actions), min(deadline, poll))
+
+    if pods:
+        actions.append(ForceDeletePods(namespace=namespace, names=tuple(p.name for p in pods)))
+    else:
+        actions.extend(
+            ForceDeleteComponent(
+                index=index,
+                api_version=str(entry.get("apiVersion", "")),
+                kind=str(entry.get("kind", "")),
+                namespace=namespace,
+                name=name,
+            )
+            for index, entry, name in remaining
+        )
+    current = find_condition(conditions, ConditionType.DELETING_RESOURCES) or {}
+    escalated = not str(current.get("message", "")).startswith(FORCEFUL_MESSAGE_PREFIX)
+    stuck = sum(1 for p in pods if p.terminating)
+    summary = (
+        f"{len(pods)} pods ({stuck} stuck terminating) and {len(remaining)} components left after "
+        f"ForcefulDeletionGracePeriod of {format_go_duration(forceful_grace)}"
+    )
+    if escalated:
+        conditions = set_condition(
+            conditions,
+            ctype=ConditionType.DELETING_RESOURCES,
+            status=ConditionStatus.TRUE,
+            reason=Reason.DELETION_INITIATED,
+            message=f"{FORCEFUL_MESSAGE_PREFIX} (grace period 0): {summary}",
+            now=now,
+            observed_generation=observed_generation,
+        )
+    return DeletionStep(False, list(conditions), entries, tuple(actions), poll, escalated, summary)

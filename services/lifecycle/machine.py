@@ -1,0 +1,842 @@
+"""The AppWrapper lifecycle as a pure function: ``reconcile(aw, observed, verdict, params, now) -> Plan``.
+
+The function reads the AppWrapper (as the API server returned it), what the service observed in
+the cluster, the latest health verdict and the effective fault-tolerance parameters, and returns
+a :class:`Plan`: the new status to write, a finalizer change, the actions to carry out and when
+to look again. It reads no clock and does no I/O.
+
+Every clock (admission grace for creation errors, forceful deletion, retry pause, deletion on
+failure, success TTL) is computed from a ``lastTransitionTime`` in the status, never from memory,
+so a restarted or replacement instance continues exactly where the previous one stopped.
+
+A plan is carried out in this order (see docs/lifecycle.md):
+
+1. add the finalizer if ``finalizer`` is ADD;
+2. write ``status`` (when not None) with the object's resourceVersion. On a conflict, stop: read
+   the AppWrapper again and call :func:`reconcile` anew; never carry out the rest of a plan
+   computed from a stale object;
+3. carry out ``actions`` in order; report the outcome of each CreateComponent in
+   ``Observed.created`` of the next call;
+4. remove the finalizer if ``finalizer`` is REMOVE;
+5. ack or keep the verdict as ``verdict_use`` says; reconcile again at ``requeue_at``.
+
+Events (Kubernetes and lifecycle stream) are only ever part of a plan that changes the status, so
+whichever instance wins the status write is the one that announces the change, exactly once.
+
+Within one call the machine runs phase after phase until it has to wait (for the API, for
+observations or for a deadline): e.g. an Unhealthy verdict in Running yields, in one plan, the
+Resetting status and the first delete calls.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any, Final, Literal
+
+from services.lifecycle.actions import (
+    Action,
+    CreateComponent,
+    EmitEvent,
+    LifecycleEventType,
+    PublishLifecycleEvent,
+)
+from services.lifecycle.conditions import (
+    as_utc,
+    clear_condition,
+    condition_status,
+    format_time,
+    is_true,
+    set_condition,
+    transition_time,
+    truncate,
+)
+from services.lifecycle.deletion import staged_deletion
+from services.lifecycle.observed import Observed, Presence
+from services.lifecycle.templating import PodTemplateHook, TemplateError, render_component
+from services.lifecycle.verdicts import VerdictRelation, VerdictUse, resetting_count, verdict_relation
+from shared.appwrapper.constants import (
+    CONTROLLER_NAME,
+    FINALIZER,
+    MSG_KUEUE_FORCED_DELETION,
+    MSG_NO_RESOURCES_DEPLOYED,
+    MSG_RESET_COMPLETE,
+    MSG_RESOURCES_DELETED,
+    MSG_RESOURCES_DELETED_FAILED,
+    MSG_RESOURCES_DELETED_RESETTING,
+    MSG_SUSPEND_FALSE,
+    MSG_SUSPEND_TRUE,
+    ComponentReason,
+    ConditionStatus,
+    ConditionType,
+    EventReason,
+    Phase,
+    Reason,
+)
+from shared.appwrapper.params import DELETION_ON_FAILURE_GRACE_PERIOD_ANNOTATION
+from shared.appwrapper.podsets import component_pod_sets, expected_pod_count
+from shared.durations import format_go_duration
+from shared.faulttolerance import FaultTolerance
+from shared.messages import LifecycleEvent, ObjectRef, Verdict
+
+__all__ = ["CREATE_RETRY_INTERVAL", "FinalizerChange", "Plan", "reconcile"]
+
+# How soon a create that failed with a retryable error is tried again (upstream: 1 s), while
+# the admission grace period lasts.
+CREATE_RETRY_INTERVAL: Final = timedelta(seconds=1)
+
+# More phase steps than any legal chain needs (e.g. Suspending -> Suspended -> Resuming); a
+# guard against a bug turning into a busy loop, not a limit on behaviour.
+_MAX_STEPS: Final = 8
+
+# Reason of the Kubernetes event recorded when deletion escalates to grace period 0.
+FORCEFUL_DELETION_EVENT: Final = "ForcefulDeletion"
+
+
+class FinalizerChange(StrEnum):
+    # Before the status write: no resource may exist without the finalizer that guarantees
+    # its deletion.
+    ADD = "Add"
+    # After the status write and the actions: the last thing done for a deleted AppWrapper.
+    REMOVE = "Remove"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    # The complete new status, or None when it does not change.
+    status: dict[str, Any] | None = None
+    # metadata.resourceVersion of the AppWrapper the plan was computed from (for the write).
+    resource_version: str = ""
+    finalizer: FinalizerChange | None = None
+    actions: tuple[Action, ...] = ()
+    requeue_at: datetime | None = None
+    verdict_use: VerdictUse = VerdictUse.NONE
+    # status.phase after the plan.
+    phase: str = ""
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to write, do or wait for."""
+        return self.status is None and self.finalizer is None and not self.actions and self.requeue_at is None
+
+
+def reconcile(
+    aw: Mapping[str, Any],
+    observed: Observed,
+    verdict: Verdict | None,
+    params: FaultTolerance,
+    now: datetime,
+    *,
+    hooks: Sequence[PodTemplateHook] = (),
+) -> Plan:
+    """Decide what to do next for ``aw``.
+
+    ``verdict`` is the latest verdict for this AppWrapper (or None); ``params`` are the effective
+    parameters (operator defaults with the AppWrapper's annotations applied, see
+    :func:`shared.appwrapper.params.effective_fault_tolerance`). ``hooks`` add to every pod
+    template when components are (re)created, e.g. Autopilot anti-affinity and node exclusion.
+    """
+    return _Reconciliation(aw, observed, verdict, params, as_utc(now), tuple(hooks)).run()
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+class _Reconciliation:
+    """The working state of one reconcile call: a private copy of the status plus what to do."""
+
+    def __init__(
+        self,
+        aw: Mapping[str, Any],
+        observed: Observed,
+        verdict: Verdict | None,
+        params: FaultTolerance,
+        now: datetime,
+        hooks: tuple[PodTemplateHook, ...],
+    ) -> None:
+        self.aw = aw
+        self.meta = _mapping(aw.get("metadata"))
+        self.spec = _mapping(aw.get("spec"))
+        raw_components = self.spec.get("components")
+        self.components: list[Any] = raw_components if isinstance(raw_components, list) else []
+        raw_status = aw.get("status")
+        self.original: dict[str, Any] = (
+            copy.deepcopy(dict(raw_status)) if isinstance(raw_status, Mapping) else {}
+        )
+        self.status: dict[str, Any] = copy.deepcopy(self.original)
+        self.observed = observed
+        self.verdict = verdict
+        self.params = params
+        self.now = now
+        self.hooks = hooks
+        self.suspend = self.spec.get("suspend") is True
+        generation = self.meta.get("generation")
+        self.generation = (
+            generation if isinstance(generation, int) and not isinstance(generation, bool) else None
+        )
+        finalizers = self.meta.get("finalizers")
+        self.has_finalizer = isinstance(finalizers, list) and FINALIZER in finalizers
+        self.actions: list[Action] = []
+        self.finalizer: FinalizerChange | None = None
+        self.requeues: list[datetime] = []
+        self.verdict_use: VerdictUse | None = None
+        self.start_phase = self.phase
+
+    # ------------------------------------------------------------------ driver
+
+    def run(self) -> Plan:
+        managed_by = self.spec.get("managedBy")
+        if managed_by is not None and managed_by != CONTROLLER_NAME:
+            # Another controller (e.g. MultiKueue on a manager cluster) owns this object.
+            return Plan(
+                resource_version=self._resource_version(),
+                verdict_use=VerdictUse.SETTLED if self.verdict else VerdictUse.NONE,
+                phase=self.phase,
+            )
+        if self.meta.get("deletionTimestamp"):
+            if self.has_finalizer:
+                self._terminate()
+        else:
+            handlers: dict[str, Callable[[], bool]] = {
+                Phase.EMPTY: self._empty,
+                Phase.SUSPENDED: self._suspended,
+                Phase.RESUMING: self._resuming,
+                Phase.RUNNING: self._running,
+                Phase.RESETTING: self._resetting,
+                Phase.SUSPENDING: self._suspending,
+                Phase.SUCCEEDED: self._succeeded,
+                Phase.FAILED: self._failed,
+            }
+            for _ in range(_MAX_STEPS):
+                handler = handlers.get(self.phase)
+                if handler is None or not handler():
+                    break
+            else:
+                self._requeue(self.now)
+        return self._plan()
+
+    def _plan(self) -> Plan:
+        changed = self.status != self.original
+        if not changed:
+            # Announcements only ever travel with the status change they describe (see module doc).
+            self.actions = [a for a in self.actions if not isinstance(a, EmitEvent | PublishLifecycleEvent)]
+        return Plan(
+            status=copy.deepcopy(self.status) if changed else None,
+            resource_version=self._resource_version(),
+            finalizer=self.finalizer,
+            actions=tuple(self.actions),
+            requeue_at=min(self.requeues) if self.requeues else None,
+            verdict_use=self._final_verdict_use(),
+            phase=self.phase,
+        )
+
+    def _final_verdict_use(self) -> VerdictUse:
+        if self.verdict is None:
+            return VerdictUse.NONE
+        if self.verdict_use is not None:
+            return self.verdict_use
+        relation = verdict_relation(self.meta, self.status, self.verdict)
+        if relation is VerdictRelation.AHEAD:
+            return VerdictUse.HELD
+        if (
+            relation is VerdictRelation.CURRENT
+            and self.phase == Phase.RESUMING
+            and not self.meta.get("deletionTimestamp")
+        ):
+            # Health may judge the new pods before creation is recorded as done; keep the verdict
+            # for the Running phase rather than lose it.
+            return VerdictUse.HELD
+        return VerdictUse.SETTLED
+
+    def _resource_version(self) -> str:
+        rv = self.meta.get("resourceVersion")
+        return rv if isinstance(rv, str) else ""
+
+    # ----------------------------------------------------------------- helpers
+
+    @property
+    def phase(self) -> str:
+        phase = self.status.get("phase", "")
+        return phase if isinstance(phase, str) else ""
+
+    @property
+    def conditions(self) -> list[Any]:
+        conds = self.status.get("conditions")
+        return conds if isinstance(conds, list) else []
+
+    def _set(
+        self, ctype: str, status: str, reason: str, message: str = "", transition_at: datetime | None = None
+    ) -> None:
+        self.status["conditions"] = set_condition(
+            self.conditions,
+            ctype=ctype,
+            status=status,
+            reason=reason,
+            message=message,
+            now=self.now,
+            observed_generation=self.generation,
+            transition_at=transition_at,
+        )
+
+    def _clear(self, ctype: str, reason: str, message: str = "") -> None:
+        if is_true(self.conditions, ctype):
+            self.status["conditions"] = clear_condition(
+                self.conditions,
+                ctype=ctype,
+                reason=reason,
+                message=message,
+                now=self.now,
+                observed_generation=self.generation,
+            )
+
+    def _is_true(self, ctype: str) -> bool:
+        return is_true(self.conditions, ctype)
+
+    def _since(self, ctype: str) -> datetime:
+        """The condition's transition time; a missing one starts now (and is written by _set)."""
+        return transition_time(self.conditions, ctype) or truncate(self.now)
+
+    def _requeue(self, at: datetime) -> None:
+        self.requeues.append(at)
+
+    def _ref(self) -> ObjectRef:
+        return ObjectRef(
+            namespace=str(self.meta.get("namespace", "")),
+            name=str(self.meta.get("name", "")),
+            uid=str(self.meta.get("uid", "")),
+        )
+
+    def _event(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
+        self.actions.append(EmitEvent(type=type_, reason=reason, message=message))
+
+    def _announce(
+        self,
+        event: LifecycleEventType,
+        *,
+        previous_phase: str = "",
+        reason: str = "",
+        message: str = "",
+        nodes: tuple[str, ...] = (),
+    ) -> None:
+        count = resetting_count(self.status)
+        ref = self._ref()
+        who = ref.uid or f"{ref.namespace}/{ref.name}"
+        msg_id = f"{who}/{event}/{count}/{self.phase}/{format_time(self.now)}"
+        self.actions.append(
+            PublishLifecycleEvent(
+                event=LifecycleEvent(
+                    ref=ref,
+                    event=event,
+                    phase=self.phase,
+                    previous_phase=previous_phase,
+                    reason=reason,
+                    message=message,
+                    resetting_count=count,
+                    nodes=nodes,
+                    at=self.now,
+                ),
+                msg_id=msg_id,
+            )
+        )
+
+    def _transition(
+        self,
+        phase: Phase,
+        message: str,
+        *,
+        reason: str = "",
+        event_type: Literal["Normal", "Warning"] = "Normal",
+        record_event: bool = True,
+        nodes: tuple[str, ...] = (),
+    ) -> None:
+        previous = self.phase
+        self.status["phase"] = str(phase)
+        if record_event:
+            self._event(event_type, str(phase), message)
+        self._announce(
+            LifecycleEventType.PHASE_CHANGED,
+            previous_phase=previous,
+            reason=reason,
+            message=message,
+            nodes=nodes,
+        )
+
+    # ------------------------------------------------------ component status
+
+    def _fresh_entry(self, index: int) -> dict[str, Any]:
+        """status.componentStatus[index] as first recorded: identity plus validated pod sets."""
+        component = _mapping(self.components[index]) if index < len(self.components) else {}
+        template = _mapping(component.get("template"))
+        meta = _mapping(template.get("metadata"))
+        pod_sets = component_pod_sets(component)
+        return {
+            "name": str(meta.get("name", "")),
+            "kind": str(template.get("kind", "")),
+            "apiVersion": str(template.get("apiVersion", "")),
+            "podSets": [ps.model_dump(mode="json", by_alias=True, exclude_defaults=True) for ps in pod_sets],
+        }
+
+    def _entries(self) -> list[dict[str, Any]]:
+        """status.componentStatus, one object per component (missing ones recorded now)."""
+        raw = self.status.get("componentStatus")
+        entries: list[dict[str, Any]] = (
+            [dict(e) if isinstance(e, Mapping) else {} for e in raw] if isinstance(raw, list) else []
+        )
+        for index in range(len(entries), len(self.components)):
+            entries.append(self._fresh_entry(index))
+        for index, entry in enumerate(entries):
+            if not entry and index < len(self.components):
+                entries[index] = self._fresh_entry(index)
+        if entries != raw:
+            self.status["componentStatus"] = entries
+        return entries
+
+    def _set_component(self, entry: dict[str, Any], status: str, reason: str, message: str = "") -> None:
+        entry["conditions"] = set_condition(
+            entry.get("conditions") or [],
+            ctype=ConditionType.RESOURCES_DEPLOYED,
+            status=status,
+            reason=reason,
+            message=message,
+            now=self.now,
+            observed_generation=self.generation,
+        )
+
+    # --------------------------------------------------------------- deletion
+
+    def _delete_step(self) -> bool:
+        """One step of staged deletion; True when nothing the AppWrapper created is left."""
+        step = staged_deletion(
+            self.status,
+            namespace=str(self.meta.get("namespace", "")),
+            observed=self.observed,
+            forceful_grace=self.params.forceful_deletion_grace,
+            now=self.now,
+            observed_generation=self.generation,
+        )
+        self.status["conditions"] = step.conditions
+        if step.component_status or "componentStatus" in self.status:
+            self.status["componentStatus"] = step.component_status
+        self.actions.extend(step.actions)
+        if step.requeue_at is not None:
+            self._requeue(step.requeue_at)
+        if step.escalated:
+            self._event("Warning", FORCEFUL_DELETION_EVENT, f"Deleting with grace period 0: {step.summary}")
+            self._announce(
+                LifecycleEventType.DELETION_FORCEFUL, reason=FORCEFUL_DELETION_EVENT, message=step.summary
+            )
+        return step.complete
+
+    # ------------------------------------------------------------ transitions
+
+    def _unhealthy(self, reason: str, message: str, transition_at: datetime | None = None) -> None:
+        self._set(ConditionType.UNHEALTHY, ConditionStatus.TRUE, reason, message, transition_at)
+        self._event("Normal", EventReason.UNHEALTHY, f"{reason}: {message}" if message else reason)
+
+    def _suspend_from(self, phase: Phase) -> None:
+        message = f"Externally suspended while in the {phase} phase"
+        self._event("Normal", EventReason.SUSPENDING, message)
+        self._transition(Phase.SUSPENDING, message, reason=EventReason.SUSPENDING, record_event=False)
+
+    def _fail(self, reason: str, message: str, nodes: tuple[str, ...] = ()) -> None:
+        self._transition(Phase.FAILED, message, reason=reason, event_type="Warning", nodes=nodes)
+        if self.params.deletion_on_failure_grace > timedelta(0) and not self.suspend:
+            # The debugging window is measured from entering Failed. The condition is written
+            # afresh: an earlier reset may have left DeletingResources False (DeletionComplete),
+            # and keeping that old transition time would cut the window short.
+            self.status["conditions"] = [
+                c
+                for c in self.conditions
+                if not (isinstance(c, Mapping) and c.get("type") == ConditionType.DELETING_RESOURCES)
+            ]
+            self._set(
+                ConditionType.DELETING_RESOURCES,
+                ConditionStatus.FALSE,
+                Reason.DELETION_PAUSED,
+                self._paused_message(),
+            )
+
+    def _paused_message(self) -> str:
+        return (
+            f"{DELETION_ON_FAILURE_GRACE_PERIOD_ANNOTATION} has value "
+            f"{format_go_duration(self.params.deletion_on_failure_grace)}"
+        )
+
+    def _reset_or_fail(
+        self, *, terminal: bool, increment: int, reason: str, message: str, nodes: tuple[str, ...] = ()
+    ) -> None:
+        """Upstream's resetOrFail: reset while retries remain and the failure is not terminal."""
+        count = resetting_count(self.status)
+        limit = self.params.retry_limit
+        if terminal or count >= limit:
+            why = "the failure is terminal" if terminal else f"the retry limit of {limit} is reached"
+            self._fail(reason, f"{reason}: {message}; {why}" if message else f"{reason}; {why}", nodes)
+            return
+        self.status["resettingCount"] = count + increment
+        if increment:
+            detail = f"reset {count + increment} of at most {limit}"
+        else:
+            detail = f"not counted toward the retry limit ({count} of {limit} used)"
+        text = (
+            f"Resetting after {reason}: {message} ({detail})"
+            if message
+            else f"Resetting after {reason} ({detail})"
+        )
+        self._transition(Phase.RESETTING, text, reason=reason, nodes=nodes)
+        self._announce(LifecycleEventType.RESET_STARTED, reason=reason, message=message, nodes=nodes)
+
+    # ---------------------------------------------------------------- phases
+    # Each handler returns True when it changed the phase (so the next handler runs at once).
+
+    def _empty(self) -> bool:
+        try:
+            self.status["componentStatus"] = [self._fresh_entry(i) for i in range(len(self.components))]
+        except ValueError as exc:
+            # The CRD's validation should make this impossible; if it happens, no retry can help.
+            message = f"error creating components: cannot determine pod sets: {exc}"
+            self._unhealthy(Reason.CREATE_FAILED, message)
+            self._fail(Reason.CREATE_FAILED, message)
+            return True
+        self._transition(
+            Phase.SUSPENDED,
+            f"Recorded the pod sets of {len(self.components)} components; waiting for admission",
+        )
+        return True
+
+    def _suspended(self) -> bool:
+        if self.suspend:
+            return False
+        try:
+            self._entries()
+        except ValueError as exc:
+            message = f"error creating components: cannot determine pod sets: {exc}"
+            self._unhealthy(Reason.CREATE_FAILED, message)
+            self._fail(Reason.CREATE_FAILED, message)
+            return True
+        if not self.has_finalizer:
+            self.finalizer = FinalizerChange.ADD
+        self._set(ConditionType.QUOTA_RESERVED, ConditionStatus.TRUE, Reason.RESUMING, MSG_SUSPEND_FALSE)
+        self._set(ConditionType.RESOURCES_DEPLOYED, ConditionStatus.TRUE, Reason.RESUMING, MSG_SUSPEND_FALSE)
+        self._set(ConditionType.PODS_READY, ConditionStatus.FALSE, Reason.RESUMING, MSG_SUSPEND_FALSE)
+        self._set(ConditionType.UNHEALTHY, ConditionStatus.FALSE, Reason.RESUMING, MSG_SUSPEND_FALSE)
+        self._transition(Phase.RESUMING, f"{MSG_SUSPEND_FALSE}; creating {len(self.components)} components")
+        return True
+
+    def _resuming(self) -> bool:
+        if self.suspend:
+            self._suspend_from(Phase.RESUMING)
+            return True
+        try:
+            entries = self._entries()
+        except ValueError as exc:
+            entries, early = [], f"cannot determine pod sets: {exc}"
+        else:
+            early = ""
+        # Outcomes belong to the creates of the previous plan, which was made in Resuming; after
+        # a reset within this call they would describe an earlier attempt.
+        outcomes = self.observed.created if self.start_phase == Phase.RESUMING else {}
+        fatal: list[str] = [early] if early else []
+        errors: list[str] = []
+        creates: list[CreateComponent] = []
+        for index, entry in enumerate(entries[: len(self.components)]):
+            conditions = entry.get("conditions") or []
+            current = condition_status(conditions, ConditionType.RESOURCES_DEPLOYED)
+            if current == ConditionStatus.TRUE:
+                continue
+            seen = self.observed.component(index)
+            described = f"{entry.get('kind', '?')} {entry.get('name') or seen.name or '<generated>'}"
+            outcome = outcomes.get(index)
+            if outcome is not None:
+                if outcome.succeeded:
+                    if outcome.name:
+                        entry["name"] = outcome.name
+                    self._set_component(entry, ConditionStatus.TRUE, ComponentReason.CREATED_SUCCESSFULLY)
+                    continue
+                if outcome.fatal and not outcome.controlled_by_us:
+                    text = f"resource {described} exists, but is not controlled by appwrapper"
+                else:
+                    text = f"{described}: {outcome.message or outcome.result}"
+                self._set_component(entry, ConditionStatus.FALSE, ComponentReason.CREATION_ERRORED, text)
+                (fatal if outcome.fatal else errors).append(text)
+                continue
+            if (
+                current == ConditionStatus.UNKNOWN
+                and seen.presence is Presence.PRESENT
+                and seen.controlled_by_us
+            ):
+                # Created by an earlier attempt at this plan whose outcome was never recorded.
+                if seen.name:
+                    entry["name"] = seen.name
+                self._set_component(entry, ConditionStatus.TRUE, ComponentReason.CREATED_SUCCESSFULLY)
+                continue
+            try:
+                body = render_component(self.aw, index, pod_sets=_pod_sets(entry), hooks=self.hooks)
+            except (TemplateError, ValueError) as exc:
+                fatal.append(str(exc))
+                continue
+            if current is None or _component_reason(conditions) == ComponentReason.DELETED:
+                # Recorded before the create call, so that a crash right after it still leaves a
+                # trace that this object may exist and must be deleted. (A retry after an error
+                # keeps its ComponentCreationErrored condition, which deletion also heeds.)
+                name = _mapping(body.get("metadata")).get("name")
+                entry["name"] = name if isinstance(name, str) else ""
+                self._set_component(entry, ConditionStatus.UNKNOWN, ComponentReason.CREATION_INITIATED)
+            creates.append(CreateComponent(index=index, body=body))
+        self.status["componentStatus"] = entries
+
+        if fatal:
+            message = "error creating components: " + "; ".join(fatal)
+            self._unhealthy(Reason.CREATE_FAILED, message)
+            self._fail(Reason.CREATE_FAILED, message)
+            return True
+        if errors:
+            deadline = self._since(ConditionType.RESOURCES_DEPLOYED) + self.params.admission_grace
+            if self.now < deadline:
+                self._requeue(min(self.now + CREATE_RETRY_INTERVAL, deadline))
+                return False
+            message = "error creating components: " + "; ".join(errors)
+            self._unhealthy(Reason.CREATE_FAILED, message)
+            self._reset_or_fail(terminal=False, increment=1, reason=Reason.CREATE_FAILED, message=message)
+            return True
+        if creates:
+            self.actions.extend(creates)
+            return False
+        self._transition(Phase.RUNNING, f"All {len(self.components)} components created")
+        return True
+
+    def _running(self) -> bool:
+        if self.suspend:
+            self._suspend_from(Phase.RUNNING)
+            return True
+        entries = self.status.get("componentStatus")
+        entries = entries if isinstance(entries, list) else []
+        expected = len(entries)
+        missing = sum(
+            1
+            for index in range(expected)
+            if self.observed.component(index).presence in (Presence.ABSENT, Presence.DELETING)
+        )
+        if missing:
+            # A wrapped resource deleted by someone else: no controller will bring it back, so
+            # the AppWrapper fails at once, whatever the retry limit.
+            message = f"Only found {expected - missing} deployed components, but was expecting {expected}"
+            self._unhealthy(Reason.MISSING_COMPONENT, message)
+            self._fail(Reason.MISSING_COMPONENT, message)
+            return True
+        if self.verdict is not None and self.verdict_use is None:
+            relation = verdict_relation(self.meta, self.status, self.verdict)
+            if relation is VerdictRelation.STALE:
+                self.verdict_use = VerdictUse.SETTLED
+            elif relation is VerdictRelation.AHEAD:
+                self.verdict_use = VerdictUse.HELD
+            elif self._apply_verdict(self.verdict):
+                return True
+        self._pods_ready()
+        return False
+
+    def _apply_verdict(self, verdict: Verdict) -> bool:
+        """Act on a current verdict in Running; True when the phase changed."""
+        if verdict.state == "Succeeded":
+            self.verdict_use = VerdictUse.APPLIED
+            succeeded = (
+                self.observed.count_pods()[2] if self.observed.pods is not None else self._expected_pods()
+            )
+            message = f"{succeeded} pods succeeded and no running, pending, or failed pods"
+            self._set(ConditionType.QUOTA_RESERVED, ConditionStatus.FALSE, Reason.SUCCEEDED, message)
+            self._set(ConditionType.RESOURCES_DEPLOYED, ConditionStatus.TRUE, Reason.SUCCEEDED, message)
+            self._transition(Phase.SUCCEEDED, message, reason=verdict.reason or Reason.SUCCEEDED)
+            return True
+        if verdict.state == "Unhealthy":
+            self.verdict_use = VerdictUse.APPLIED
+            reason = verdict.reason or Reason.FOUND_FAILED_PODS
+            # The retry pause is measured from when the workload was first seen unhealthy (as
+            # upstream, whose Unhealthy condition turns True at the start of the failure grace
+            # period), bounded by now and by the start of this attempt.
+            marked = self.now
+            if verdict.first_unhealthy_at is not None:
+                marked = min(as_utc(verdict.first_unhealthy_at), self.now)
+                start = transition_time(self.conditions, ConditionType.RESOURCES_DEPLOYED)
+                if start is not None:
+                    marked = max(marked, start)
+            self._unhealthy(reason, verdict.message, transition_at=marked)
+            nodes = tuple(verdict.nodes)
+            if reason == Reason.MISSING_COMPONENT:
+                self._fail(reason, verdict.message, nodes)
+            else:
+                self._reset_or_fail(
+                    terminal=verdict.terminal,
+                    increment=1 if verdict.counts_toward_retry else 0,
+                    reason=reason,
+                    message=verdict.message,
+                    nodes=nodes,
+                )
+            return True
+        if verdict.state == "Healthy" and self._is_true(ConditionType.UNHEALTHY):
+            self.verdict_use = VerdictUse.APPLIED
+            self._clear(ConditionType.UNHEALTHY, Reason.FOUND_NO_FAILED_PODS)
+            return False
+        self.verdict_use = VerdictUse.SETTLED
+        return False
+
+    def _expected_pods(self) -> int:
+        try:
+            return expected_pod_count({"spec": self.spec, "status": self.status})
+        except ValueError:
+            return 0
+
+    def _pods_ready(self) -> None:
+        if self.observed.pods is None:
+            return
+        pending, running, succeeded, _failed = self.observed.count_pods()
+        if running + succeeded >= self._expected_pods():
+            self._set(
+                ConditionType.PODS_READY,
+                ConditionStatus.TRUE,
+                Reason.SUFFICIENT_PODS_READY,
+                f"{running} pods running; {succeeded} pods succeeded",
+            )
+        else:
+            self._clear(
+                ConditionType.PODS_READY,
+                Reason.INSUFFICIENT_PODS_READY,
+                f"{pending} pods pending; {running} pods running; {succeeded} pods succeeded",
+            )
+
+    def _resetting(self) -> bool:
+        if self.suspend:
+            # Suspending trumps Resetting: Kueue wants the quota back.
+            self._suspend_from(Phase.RESETTING)
+            return True
+        self._clear(ConditionType.PODS_READY, Reason.RESETTING)
+        if self._is_true(ConditionType.RESOURCES_DEPLOYED):
+            if not self._delete_step():
+                return False
+            self._set(
+                ConditionType.RESOURCES_DEPLOYED,
+                ConditionStatus.FALSE,
+                Reason.RESETTING,
+                MSG_RESOURCES_DELETED_RESETTING,
+            )
+        # Measured from when the workload was marked unhealthy, not from when deletion ended.
+        if self._is_true(ConditionType.UNHEALTHY):
+            marked = self._since(ConditionType.UNHEALTHY)
+        else:
+            marked = self._since(ConditionType.RESOURCES_DEPLOYED)
+        deadline = marked + self.params.retry_pause
+        if self.now < deadline:
+            self._requeue(deadline)
+            return False
+        self._set(ConditionType.RESOURCES_DEPLOYED, ConditionStatus.TRUE, Reason.RESUMING, MSG_RESET_COMPLETE)
+        # Cleared here (upstream leaves it True until a healthy check) so that the next incident
+        # starts its own clock: the retry pause is measured from Unhealthy turning True.
+        self._set(ConditionType.UNHEALTHY, ConditionStatus.FALSE, Reason.RESUMING, MSG_RESET_COMPLETE)
+        attempt = resetting_count(self.status)
+        self._transition(Phase.RESUMING, f"{MSG_RESET_COMPLETE} (after reset {attempt})")
+        self._announce(LifecycleEventType.RESET_FINISHED, message=MSG_RESET_COMPLETE)
+        return True
+
+    def _suspending(self) -> bool:
+        # Runs to completion whatever spec.suspend says now: half-deleted workloads are not resumed.
+        if self._is_true(ConditionType.RESOURCES_DEPLOYED):
+            if not self._delete_step():
+                return False
+            self._set(
+                ConditionType.RESOURCES_DEPLOYED, ConditionStatus.FALSE, Reason.SUSPENDED, MSG_SUSPEND_TRUE
+            )
+        self._set(ConditionType.QUOTA_RESERVED, ConditionStatus.FALSE, Reason.SUSPENDED, MSG_SUSPEND_TRUE)
+        self._clear(ConditionType.PODS_READY, Reason.SUSPENDED)
+        self._clear(ConditionType.UNHEALTHY, Reason.SUSPENDED)
+        self._transition(Phase.SUSPENDED, "All resources deleted; quota released")
+        return True
+
+    def _failed(self) -> bool:
+        if self._is_true(ConditionType.RESOURCES_DEPLOYED):
+            delay = self.params.deletion_on_failure_grace
+            if delay > timedelta(0) and not self.suspend:
+                self._set(
+                    ConditionType.DELETING_RESOURCES,
+                    ConditionStatus.FALSE,
+                    Reason.DELETION_PAUSED,
+                    self._paused_message(),
+                )
+                deadline = self._since(ConditionType.DELETING_RESOURCES) + delay
+                if self.now < deadline:
+                    self._requeue(deadline)
+                    return False
+            if not self._delete_step():
+                return False
+            message = (
+                MSG_KUEUE_FORCED_DELETION
+                if delay > timedelta(0) and self.suspend
+                else MSG_RESOURCES_DELETED_FAILED
+            )
+            self._set(ConditionType.RESOURCES_DEPLOYED, ConditionStatus.FALSE, Reason.FAILED, message)
+        self._set(
+            ConditionType.QUOTA_RESERVED, ConditionStatus.FALSE, Reason.FAILED, MSG_NO_RESOURCES_DEPLOYED
+        )
+        return False
+
+    def _succeeded(self) -> bool:
+        if not self._is_true(ConditionType.RESOURCES_DEPLOYED):
+            return False
+        # The TTL runs from success, i.e. from QuotaReserved turning False on entering Succeeded
+        # (upstream measures from ResourcesDeployed, i.e. deployment; the documented behaviour
+        # is "after the AppWrapper entered the Succeeded state").
+        if condition_status(self.conditions, ConditionType.QUOTA_RESERVED) == ConditionStatus.FALSE:
+            since = self._since(ConditionType.QUOTA_RESERVED)
+        else:
+            since = self._since(ConditionType.RESOURCES_DEPLOYED)
+        ttl = self.params.success_ttl
+        if self.now < since + ttl:
+            self._requeue(since + ttl)
+            return False
+        if not self._delete_step():
+            return False
+        self._set(
+            ConditionType.RESOURCES_DEPLOYED,
+            ConditionStatus.FALSE,
+            Reason.SUCCEEDED,
+            f"Time to live after success of {format_go_duration(ttl)} expired",
+        )
+        return False
+
+    def _terminate(self) -> None:
+        """The AppWrapper is being deleted: remove everything, then let it go."""
+        if self._is_true(ConditionType.RESOURCES_DEPLOYED):
+            if self.phase != Phase.TERMINATING:
+                self._transition(Phase.TERMINATING, "AppWrapper deleted; deleting its resources")
+            if not self._delete_step():
+                return
+            self._set(
+                ConditionType.RESOURCES_DEPLOYED,
+                ConditionStatus.FALSE,
+                Reason.TERMINATING,
+                MSG_RESOURCES_DELETED,
+            )
+        if self._is_true(ConditionType.QUOTA_RESERVED):
+            self._set(
+                ConditionType.QUOTA_RESERVED,
+                ConditionStatus.FALSE,
+                Reason.TERMINATING,
+                MSG_NO_RESOURCES_DEPLOYED,
+            )
+        self.finalizer = FinalizerChange.REMOVE
+
+
+def _pod_sets(entry: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
+    pod_sets = entry.get("podSets")
+    if isinstance(pod_sets, list) and all(isinstance(p, Mapping) for p in pod_sets):
+        return pod_sets
+    return None
+
+
+def _component_reason(conditions: Sequence[Any]) -> str:
+    for cond in conditions:
+        if isinstance(cond, Mapping) and cond.get("type") == ConditionType.RESOURCES_DEPLOYED:
+            reason = cond.get("reason")
+            return reason if isinstance(reason, str) else ""
+    return ""

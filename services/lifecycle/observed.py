@@ -1,0 +1,79 @@
+"""What the lifecycle service saw in the cluster, as input to one decision.
+
+The service fills this from authoritative reads (GET of each component, LIST of the labelled
+pods) just before calling :func:`services.lifecycle.machine.reconcile`. Anything it did not look
+at is left :attr:`Presence.UNKNOWN` / ``None``, and the machine treats unknown conservatively:
+an unknown component is never reported missing (that would fail the workload), but is never
+assumed gone either (that would release quota while it may still run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from services.lifecycle.actions import CreateOutcome
+
+__all__ = ["Observed", "ObservedComponent", "ObservedPod", "Presence"]
+
+
+class Presence(StrEnum):
+    UNKNOWN = "Unknown"
+    ABSENT = "Absent"
+    PRESENT = "Present"
+    # Exists with a deletionTimestamp: on its way out, no longer counted as deployed.
+    DELETING = "Deleting"
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedComponent:
+    presence: Presence = Presence.UNKNOWN
+    # Whether the object's controller owner reference is this AppWrapper (by uid).
+    controlled_by_us: bool = True
+    # The object's actual name, when known.
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedPod:
+    """One pod labelled ``workload.codeflare.dev/appwrapper=<name>`` that still exists."""
+
+    name: str
+    phase: str = "Pending"
+    # Has a deletionTimestamp; one that stays like this is "stuck terminating".
+    terminating: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    # Parallel to spec.components; missing trailing entries count as UNKNOWN.
+    components: tuple[ObservedComponent, ...] = ()
+    # Every labelled pod that still exists; None when the pods were not listed, which keeps a
+    # deletion from ever being declared complete on a guess.
+    pods: tuple[ObservedPod, ...] | None = None
+    # Results of the CreateComponent actions of the previous plan, by component index.
+    created: Mapping[int, CreateOutcome] = field(default_factory=dict)
+
+    def component(self, index: int) -> ObservedComponent:
+        if 0 <= index < len(self.components):
+            return self.components[index]
+        return ObservedComponent()
+
+    def count_pods(self) -> tuple[int, int, int, int]:
+        """(pending, running, succeeded, failed), counted as upstream does.
+
+        A Running pod that is being deleted is not counted as running (upstream #158); a Pending
+        pod is pending even while it is being deleted; pods in phase Unknown are not counted.
+        """
+        pending = running = succeeded = failed = 0
+        for pod in self.pods or ():
+            if pod.phase == "Pending":
+                pending += 1
+            elif pod.phase == "Running":
+                running += 0 if pod.terminating else 1
+            elif pod.phase == "Succeeded":
+                succeeded += 1
+            elif pod.phase == "Failed":
+                failed += 1
+        return pending, running, succeeded, failed
