@@ -1,0 +1,413 @@
+"""The health rules: pure ``evaluate(state, now) -> Decision``.
+
+Semantics follow upstream AppWrapper's Running-phase checks, in upstream's order (the first
+that applies decides):
+
+1. ``MissingComponent``: a wrapped resource of this attempt was deleted (tombstone) or is being
+   deleted. Unhealthy at once, ``terminal`` (upstream fails the AppWrapper without a retry).
+2. ``FailedComponent``: a wrapped batch/v1 Job or PyTorchJob reports Failed. Unhealthy at once;
+   terminal if a failed pod has a terminal exit code.
+3. Success: at least the expected number of pods Succeeded and none pending, running or failed.
+4. ``FoundFailedPods``: Unhealthy once FailureGracePeriod has passed since the earliest failure
+   of a pod of this attempt; terminal if an exit code is terminal by the AppWrapper's policy.
+5. ``AutopilotNoExecute``: a Running pod uses a resource that Autopilot marks NoExecute on its
+   node. Unhealthy at once, ``counts_toward_retry=False``, the nodes listed.
+6. ``InsufficientPodsReady``: not all expected pods exist (Pending or later) by
+   AdmissionGracePeriod, or not all are Running/Succeeded by WarmupGracePeriod, both measured
+   from the attempt's deployment (ResourcesDeployed's transition time), and still so once a
+   further FailureGracePeriod has passed. Upstream's code resets right at the admission/warmup
+   deadline; the fault-tolerance specification says the pod-level conditions get the
+   FailureGracePeriod too, and Respawn follows the specification (see docs/verdicts.md).
+
+While a condition is inside its grace period the verdict is Healthy but names the condition
+(``reason``), when it was first seen and its ``deadline``. Nothing is judged unless the
+AppWrapper is Running, not suspended, not being deleted and managed by this controller.
+
+Publication: a verdict is emitted only when its significant content (everything but the
+human-readable message and the decision time) differs from the last one published, and once
+an attempt has an Unhealthy or Succeeded verdict nothing more is emitted for that attempt: the
+decision is made, and late observations of the reset that follows (components and pods being
+deleted) must not produce a second, different one. ``seq`` counts verdicts per AppWrapper uid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Final
+
+from services.health.state import AppWrapperHealth, ComponentRecord, PodRecord, remember_published
+from services.health.view import AppWrapperView, as_utc
+from shared.appwrapper.constants import Phase, Reason
+from shared.durations import format_go_duration
+from shared.messages import Verdict, VerdictState
+
+__all__ = [
+    "REASON_APPWRAPPER_DELETED",
+    "REASON_SUCCEEDED",
+    "Decision",
+    "Finding",
+    "assess",
+    "evaluate",
+    "verdict_msg_id",
+]
+
+# Reasons shared with upstream's Unhealthy condition come from shared.appwrapper.constants.Reason
+# (MissingComponent, FailedComponent, FoundFailedPods, AutopilotNoExecute, InsufficientPodsReady).
+REASON_SUCCEEDED: Final = str(Reason.SUCCEEDED)
+# Respawn's own: upstream has no condition for it because the object is simply gone.
+REASON_APPWRAPPER_DELETED: Final = "AppWrapperDeleted"
+
+_NAMES_SHOWN: Final = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """What the rules conclude about the current attempt at one instant."""
+
+    state: VerdictState
+    reason: str = ""
+    message: str = ""
+    terminal: bool = False
+    counts_toward_retry: bool = True
+    nodes: tuple[str, ...] = ()
+    first_unhealthy_at: datetime | None = None
+    deadline: datetime | None = None
+    # The earliest later time at which this finding changes with no new input, if any.
+    next_check: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    # The state to keep once ``verdict`` (if any) has been published; a caller whose publish
+    # fails keeps the old state and evaluates again, getting the same verdict.
+    state: AppWrapperHealth
+    verdict: Verdict | None
+    # When to evaluate again if nothing arrives before then.
+    next_deadline: datetime | None
+
+    @property
+    def msg_id(self) -> str | None:
+        return verdict_msg_id(self.verdict) if self.verdict is not None else None
+
+
+def verdict_msg_id(verdict: Verdict) -> str:
+    """Deterministic identity of a verdict, for ``Nats-Msg-Id``.
+
+    Two instances that reach the same decision from the same history produce the same id, so
+    JetStream's de-duplication keeps one copy. The attempt is part of it because an Autopilot
+    reset starts a new attempt without changing ``resetting_count``.
+    """
+    who = verdict.ref.uid or f"{verdict.ref.namespace}/{verdict.ref.name}"
+    attempt = verdict.attempt_started_at.astimezone(UTC).isoformat() if verdict.attempt_started_at else "-"
+    return f"{who}:{verdict.resetting_count}:{attempt}:{verdict.seq}:{verdict.state}:{verdict.reason or '-'}"
+
+
+def _names(items: Iterable[str]) -> str:
+    ordered = sorted(items)
+    shown = ", ".join(ordered[:_NAMES_SHOWN])
+    hidden = len(ordered) - _NAMES_SHOWN
+    return f"{shown} and {hidden} more" if hidden > 0 else shown
+
+
+def _kube_time(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _in_attempt(created_at: datetime | None, observed_at: datetime, start: datetime | None) -> bool:
+    """Whether an object belongs to the attempt that started (was deployed) at ``start``.
+
+    A reset deletes every pod and component and only then does lifecycle mark the resources
+    deployed again (ResourcesDeployed's transition time, ``start``); the new attempt's objects
+    are created after that, by the API server's clock, as is ``start``. So an object created
+    before ``start`` is left over from an earlier attempt: its late or replayed observation must
+    not count (a Failed pod of attempt 1 must not fail attempt 2). Both times have one-second
+    resolution, so an object created in the same second as ``start`` counts as current; an old
+    object cannot be that recent because it was gone before ``start`` was written. Without a
+    creation time, the observation time stands in.
+    """
+    if start is None:
+        return True
+    return (created_at if created_at is not None else observed_at) >= start
+
+
+@dataclass(frozen=True, slots=True)
+class _Pods:
+    pending: int
+    running: tuple[PodRecord, ...]
+    succeeded: int
+    failed: tuple[PodRecord, ...]
+
+
+def _count_pods(state: AppWrapperHealth, start: datetime | None) -> _Pods:
+    pending = succeeded = 0
+    running: list[PodRecord] = []
+    failed: list[PodRecord] = []
+    for pod in state.pods.values():
+        if not _in_attempt(pod.created_at, pod.observed_at, start):
+            continue
+        if pod.phase == "Pending":
+            pending += 1  # even while being deleted, as upstream
+        elif pod.phase == "Running":
+            if not pod.deletion_requested:  # a terminating pod is not doing useful work
+                running.append(pod)
+        elif pod.phase == "Succeeded":
+            succeeded += 1
+        elif pod.phase == "Failed":
+            failed.append(pod)
+        # Unknown (node lost contact) is not counted, as upstream.
+    return _Pods(pending, tuple(running), succeeded, tuple(failed))
+
+
+def _components(state: AppWrapperHealth, aw: AppWrapperView) -> list[ComponentRecord]:
+    return [
+        record
+        for key, record in state.components.items()
+        # Only resources the AppWrapper recorded as its own; if it recorded none yet, any
+        # resource labelled for it.
+        if (not aw.components or key in aw.components)
+        and _in_attempt(record.created_at, record.observed_at, aw.attempt_started_at)
+    ]
+
+
+def _terminal_failure(aw: AppWrapperView, failed: Iterable[PodRecord]) -> str:
+    """A description of the first terminal exit code among failed pods, or ''."""
+    for pod in sorted(failed, key=lambda p: p.name):
+        for code in pod.exit_codes:
+            if aw.exit_codes.is_terminal(code):
+                return f"exit code {code} of pod {pod.name} is terminal"
+    return ""
+
+
+def _missing_component(aw: AppWrapperView, missing: list[ComponentRecord]) -> Finding:
+    gone = _names(f"{c.kind}/{c.name}" for c in missing if c.deleted)
+    going = _names(f"{c.kind}/{c.name}" for c in missing if not c.deleted)
+    details = "; ".join(
+        part for part in (gone and f"deleted: {gone}", going and f"being deleted: {going}") if part
+    )
+    if aw.components:
+        expected = len(aw.components)
+        message = f"Only found {expected - len(missing)} deployed components, but was expecting {expected}"
+        message += f" ({details})"
+    else:
+        message = f"Wrapped resources removed externally ({details})"
+    return Finding(
+        state="Unhealthy",
+        reason=str(Reason.MISSING_COMPONENT),
+        message=message,
+        terminal=True,
+        first_unhealthy_at=min(c.observed_at for c in missing),
+    )
+
+
+def _failed_component(aw: AppWrapperView, failed: list[ComponentRecord], pods: _Pods) -> Finding:
+    terminal = _terminal_failure(aw, pods.failed)
+    details = _names(
+        f"{c.kind}/{c.name}" + (f" ({c.status_message})" if c.status_message else "") for c in failed
+    )
+    message = f"Found {len(failed)} failed components: {details}"
+    if terminal:
+        message += f"; {terminal}"
+    return Finding(
+        state="Unhealthy",
+        reason=str(Reason.FAILED_COMPONENT),
+        message=message,
+        terminal=bool(terminal),
+        first_unhealthy_at=min(c.failed_at or c.observed_at for c in failed),
+    )
+
+
+def _failed_pods(aw: AppWrapperView, pods: _Pods, now: datetime) -> Finding:
+    grace = aw.params.ft.failure_grace
+    first = min(p.failed_at or p.observed_at for p in pods.failed)
+    deadline = first + grace
+    terminal = _terminal_failure(aw, pods.failed)
+    message = f"{len(pods.failed)} failed pods: {_names(p.name for p in pods.failed)}"
+    if terminal:
+        message += f"; {terminal}"
+    nodes = tuple(sorted({p.node_name for p in pods.failed if p.node_name}))
+    unhealthy = now >= deadline
+    if not unhealthy:
+        message += f"; failure grace period {format_go_duration(grace)} ends at {_kube_time(deadline)}"
+    return Finding(
+        state="Unhealthy" if unhealthy else "Healthy",
+        reason=str(Reason.FOUND_FAILED_PODS),
+        message=message,
+        terminal=bool(terminal),
+        nodes=nodes,
+        first_unhealthy_at=first,
+        deadline=deadline,
+        next_check=None if unhealthy else deadline,
+    )
+
+
+def _no_execute(state: AppWrapperHealth, pods: _Pods) -> Finding | None:
+    nodes: set[str] = set()
+    resources: set[str] = set()
+    for pod in pods.running:
+        for resource in pod.resources:
+            if pod.node_name and pod.node_name in state.no_execute_nodes(resource):
+                nodes.add(pod.node_name)
+                resources.add(resource)
+    if not nodes:
+        return None
+    ordered = tuple(sorted(nodes))
+    return Finding(
+        state="Unhealthy",
+        reason=str(Reason.AUTOPILOT_NO_EXECUTE),
+        message=f"Workload contains pods using NoExecute resources on Nodes: {', '.join(ordered)}",
+        counts_toward_retry=False,
+        nodes=ordered,
+        first_unhealthy_at=max(as_utc(state.node_verdicts[r].decided_at) for r in resources),
+    )
+
+
+def _readiness(aw: AppWrapperView, pods: _Pods, now: datetime) -> Finding:
+    expected, start = aw.expected_pods, aw.attempt_started_at
+    running = len(pods.running)
+    if expected is None or start is None or running + pods.succeeded >= expected:
+        return Finding(state="Healthy")
+    ft = aw.params.ft
+    all_exist = pods.pending + running + pods.succeeded >= expected
+    grace, which = (ft.warmup_grace, "warmup") if all_exist else (ft.admission_grace, "admission")
+    detected = start + grace
+    if now < detected:
+        return Finding(state="Healthy", next_check=detected)
+    deadline = detected + ft.failure_grace
+    unhealthy = now >= deadline
+    message = (
+        f"{pods.pending} pods pending; {running} pods running; {pods.succeeded} pods succeeded; "
+        f"expected {expected} by the end of the {which} grace period {format_go_duration(grace)}"
+    )
+    if not unhealthy:
+        message += (
+            f"; failure grace period {format_go_duration(ft.failure_grace)} ends at {_kube_time(deadline)}"
+        )
+    return Finding(
+        state="Unhealthy" if unhealthy else "Healthy",
+        reason=str(Reason.INSUFFICIENT_PODS_READY),
+        message=message,
+        first_unhealthy_at=detected,
+        deadline=deadline,
+        next_check=None if unhealthy else deadline,
+    )
+
+
+def assess(state: AppWrapperHealth, aw: AppWrapperView, now: datetime) -> Finding:
+    """Judge the current attempt of a Running AppWrapper at ``now`` (see the module docstring)."""
+    now = as_utc(now)
+    components = _components(state, aw)
+    pods = _count_pods(state, aw.attempt_started_at)
+
+    missing = [c for c in components if c.deleted or c.deletion_requested]
+    if missing:
+        return _missing_component(aw, missing)
+    failed_components = [c for c in components if c.failed]
+    if failed_components:
+        return _failed_component(aw, failed_components, pods)
+    if (
+        aw.expected_pods is not None
+        and pods.succeeded >= aw.expected_pods
+        and pods.pending + len(pods.running) + len(pods.failed) == 0
+    ):
+        return Finding(
+            state="Succeeded",
+            reason=REASON_SUCCEEDED,
+            message=f"{pods.succeeded} pods succeeded and no running, pending, or failed pods",
+        )
+    if pods.failed:
+        return _failed_pods(aw, pods, now)
+    no_execute = _no_execute(state, pods)
+    if no_execute is not None:
+        return no_execute
+    return _readiness(aw, pods, now)
+
+
+def _judged(aw: AppWrapperView) -> bool:
+    return aw.phase == Phase.RUNNING and not aw.suspend and not aw.deleting and not aw.managed_elsewhere
+
+
+def _settled(last: Verdict | None, aw: AppWrapperView) -> bool:
+    """Whether the last verdict already decided this attempt (or the AppWrapper's end)."""
+    if last is None or last.ref.uid != aw.ref.uid:
+        return False
+    if last.state == "Deleted":
+        return True
+    same_attempt = (
+        last.resetting_count == aw.resetting_count and last.attempt_started_at == aw.attempt_started_at
+    )
+    return same_attempt and last.state in ("Unhealthy", "Succeeded")
+
+
+_Signature = tuple[object, ...]
+
+
+def _signature_of_verdict(v: Verdict) -> _Signature:
+    return (
+        v.ref.uid,
+        v.state,
+        v.reason,
+        v.terminal,
+        v.counts_toward_retry,
+        tuple(v.nodes),
+        v.first_unhealthy_at,
+        v.deadline,
+        v.resetting_count,
+        v.attempt_started_at,
+        tuple(v.warnings),
+    )
+
+
+def _signature(aw: AppWrapperView, f: Finding) -> _Signature:
+    return (
+        aw.ref.uid,
+        f.state,
+        f.reason,
+        f.terminal,
+        f.counts_toward_retry,
+        f.nodes,
+        f.first_unhealthy_at,
+        f.deadline,
+        aw.resetting_count,
+        aw.attempt_started_at,
+        aw.warnings,
+    )
+
+
+def evaluate(state: AppWrapperHealth, now: datetime) -> Decision:
+    """Decide whether a verdict is due for this AppWrapper at ``now``. Pure."""
+    now = as_utc(now)
+    aw = state.appwrapper
+    if aw is None:
+        return Decision(state, None, None)
+    last = state.last_verdict
+    if aw.deleted:
+        if not aw.ref.uid:
+            return Decision(state, None, None)  # never seen alive: nobody to tell
+        finding = Finding(state="Deleted", reason=REASON_APPWRAPPER_DELETED, message="AppWrapper was deleted")
+    elif not _judged(aw) or _settled(last, aw):
+        return Decision(state, None, None)
+    else:
+        finding = assess(state, aw, now)
+
+    if last is not None and _signature_of_verdict(last) == _signature(aw, finding):
+        return Decision(state, None, finding.next_check)
+    seq = last.seq + 1 if last is not None and last.ref.uid == aw.ref.uid else 1
+    verdict = Verdict(
+        ref=aw.ref,
+        state=finding.state,
+        reason=finding.reason,
+        message=finding.message,
+        terminal=finding.terminal,
+        counts_toward_retry=finding.counts_toward_retry,
+        nodes=finding.nodes,
+        resetting_count=aw.resetting_count,
+        first_unhealthy_at=finding.first_unhealthy_at,
+        decided_at=now,
+        seq=seq,
+        warnings=aw.warnings,
+        deadline=finding.deadline,
+        attempt_started_at=aw.attempt_started_at,
+    )
+    return Decision(remember_published(state, verdict), verdict, finding.next_check)

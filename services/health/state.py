@@ -1,0 +1,210 @@
+"""Health's state for one AppWrapper and the pure reducers that fold observations into it.
+
+One :class:`AppWrapperHealth` per AppWrapper (namespace/name). It holds only the latest state of
+each object that belongs to the AppWrapper, plus the last verdict published, so a restarted
+instance rebuilds an equivalent state by replaying the latest observations (the observation
+stream keeps the last message per object) and the last verdict from the verdict stream.
+
+Every timestamp that a deadline is computed from comes from the observed objects themselves
+(condition transition times, creation times, container finish times), not from when this
+process happened to see them, so that two instances, or one restarted, agree on deadlines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from services.health.view import AppWrapperView, as_utc, view_of
+from shared.faulttolerance import FaultTolerance
+from shared.messages import (
+    AppWrapperObservation,
+    ComponentObservation,
+    NodeVerdict,
+    PodObservation,
+    Verdict,
+)
+
+__all__ = [
+    "AppWrapperHealth",
+    "ComponentRecord",
+    "Observation",
+    "PodRecord",
+    "apply",
+    "remember_published",
+]
+
+Observation = AppWrapperObservation | PodObservation | ComponentObservation | NodeVerdict
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    name: str
+    uid: str
+    phase: str
+    observed_at: datetime
+    created_at: datetime | None
+    node_name: str
+    deletion_requested: bool
+    resources: frozenset[str]
+    # Non-zero exit codes of terminated (non-init) containers, for the exit-code policy.
+    exit_codes: tuple[int, ...]
+    # When the pod failed (phase Failed): the latest container finishedAt, or else the
+    # observation time of the first Failed observation of this pod.
+    failed_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentRecord:
+    kind: str
+    name: str
+    uid: str
+    observed_at: datetime
+    created_at: datetime | None
+    # Tombstone (the object is gone) or deletionTimestamp set: both are "not deployed" upstream.
+    deleted: bool
+    deletion_requested: bool
+    failed: bool
+    # First observation time at which the component reported Failed.
+    failed_at: datetime | None
+    status_message: str
+
+
+@dataclass(frozen=True, slots=True)
+class AppWrapperHealth:
+    namespace: str
+    name: str
+    # Operator-level parameters; per-AppWrapper annotations are applied on top of them.
+    defaults: FaultTolerance = field(default_factory=FaultTolerance)
+    appwrapper: AppWrapperView | None = None
+    # Keyed by pod name.
+    pods: Mapping[str, PodRecord] = field(default_factory=dict)
+    # Keyed by (kind, name), as status.componentStatus names them.
+    components: Mapping[tuple[str, str], ComponentRecord] = field(default_factory=dict)
+    # Latest Autopilot verdict per resource (e.g. nvidia.com/gpu). Node verdicts are global:
+    # the service applies each one to every AppWrapper it tracks.
+    node_verdicts: Mapping[str, NodeVerdict] = field(default_factory=dict)
+    # The last verdict published for this AppWrapper (by this or a previous instance).
+    last_verdict: Verdict | None = None
+
+    def no_execute_nodes(self, resource: str) -> frozenset[str]:
+        found = self.node_verdicts.get(resource)
+        return frozenset(found.no_execute) if found is not None else frozenset()
+
+
+def _apply_appwrapper(state: AppWrapperHealth, obs: AppWrapperObservation) -> AppWrapperHealth:
+    view = view_of(obs, state.defaults)
+    previous = state.appwrapper
+    if obs.deleted and previous is not None and view.ref.uid in ("", previous.ref.uid):
+        # A tombstone may carry an empty or stale body: keep what was last known of the object
+        # (its uid, attempt and count) and only mark it deleted.
+        view = replace(previous, deleted=True)
+    return replace(state, appwrapper=view)
+
+
+def _failed_at(obs: PodObservation, previous: PodRecord | None) -> datetime | None:
+    if obs.phase != "Failed":
+        return None
+    finished = [
+        as_utc(c.finished_at)
+        for c in obs.containers
+        if not c.init and c.state == "terminated" and c.finished_at is not None
+    ]
+    if finished:
+        return max(finished)
+    if previous is not None and previous.uid == obs.ref.uid and previous.failed_at is not None:
+        return previous.failed_at
+    return as_utc(obs.observed_at)
+
+
+def _apply_pod(state: AppWrapperHealth, obs: PodObservation) -> AppWrapperHealth:
+    name = obs.ref.name
+    previous = state.pods.get(name)
+    pods = dict(state.pods)
+    if obs.deleted:
+        if previous is not None and previous.uid and obs.ref.uid and previous.uid != obs.ref.uid:
+            return state  # the tombstone of an earlier pod with the same name
+        pods.pop(name, None)
+        return replace(state, pods=pods)
+    pods[name] = PodRecord(
+        name=name,
+        uid=obs.ref.uid,
+        phase=obs.phase,
+        observed_at=as_utc(obs.observed_at),
+        created_at=as_utc(obs.created_at) if obs.created_at is not None else None,
+        node_name=obs.node_name,
+        deletion_requested=obs.deletion_requested,
+        resources=frozenset(obs.resources),
+        exit_codes=tuple(
+            c.exit_code
+            for c in obs.containers
+            if not c.init and c.state == "terminated" and c.exit_code is not None and c.exit_code != 0
+        ),
+        failed_at=_failed_at(obs, previous),
+    )
+    return replace(state, pods=pods)
+
+
+def _apply_component(state: AppWrapperHealth, obs: ComponentObservation) -> AppWrapperHealth:
+    key = (obs.kind, obs.ref.name)
+    previous = state.components.get(key)
+    if obs.deleted and previous is not None and previous.uid and obs.ref.uid and previous.uid != obs.ref.uid:
+        return state  # the tombstone of an earlier object with the same name
+    observed_at = as_utc(obs.observed_at)
+    failed_at = None
+    if obs.failed and not obs.deleted:
+        same = previous is not None and previous.uid == obs.ref.uid and previous.failed_at is not None
+        failed_at = previous.failed_at if same and previous is not None else observed_at
+    components = dict(state.components)
+    components[key] = ComponentRecord(
+        kind=obs.kind,
+        name=obs.ref.name,
+        uid=obs.ref.uid,
+        observed_at=observed_at,
+        created_at=as_utc(obs.created_at) if obs.created_at is not None else None,
+        deleted=obs.deleted,
+        deletion_requested=obs.deletion_requested,
+        failed=obs.failed and not obs.deleted,
+        failed_at=failed_at,
+        status_message=obs.status_message,
+    )
+    return replace(state, components=components)
+
+
+def _apply_node_verdict(state: AppWrapperHealth, verdict: NodeVerdict) -> AppWrapperHealth:
+    current = state.node_verdicts.get(verdict.resource)
+    if current is not None and as_utc(current.decided_at) > as_utc(verdict.decided_at):
+        return state  # an older decision delivered late
+    node_verdicts = dict(state.node_verdicts)
+    node_verdicts[verdict.resource] = verdict
+    return replace(state, node_verdicts=node_verdicts)
+
+
+def apply(state: AppWrapperHealth, observation: Observation) -> AppWrapperHealth:
+    """Fold one observation into the state. Pure; observations of other AppWrappers are ignored."""
+    if isinstance(observation, NodeVerdict):
+        return _apply_node_verdict(state, observation)
+    if observation.ref.namespace != state.namespace:
+        return state
+    if isinstance(observation, AppWrapperObservation):
+        if observation.ref.name != state.name:
+            return state
+        return _apply_appwrapper(state, observation)
+    if observation.appwrapper != state.name:
+        return state
+    if isinstance(observation, PodObservation):
+        return _apply_pod(state, observation)
+    return _apply_component(state, observation)
+
+
+def remember_published(state: AppWrapperHealth, verdict: Verdict) -> AppWrapperHealth:
+    """Record a verdict already on the stream (read back at start-up) so it is not repeated.
+
+    Also used by the rules for each verdict they emit. An older verdict (lower ``seq`` for the
+    same uid) never replaces a newer one.
+    """
+    last = state.last_verdict
+    if last is not None and last.ref.uid == verdict.ref.uid and last.seq > verdict.seq:
+        return state
+    return replace(state, last_verdict=verdict)

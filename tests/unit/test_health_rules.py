@@ -1,0 +1,795 @@
+"""Health rules, one behaviour per test, with the clock passed in."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from services.health.rules import REASON_APPWRAPPER_DELETED, Decision, evaluate, verdict_msg_id
+from services.health.state import AppWrapperHealth, Observation, apply, remember_published
+from shared.appwrapper.constants import CONTROLLER_NAME
+from shared.appwrapper.model import format_kube_time
+from shared.appwrapper.params import (
+    ADMISSION_GRACE_PERIOD_ANNOTATION,
+    FAILURE_GRACE_PERIOD_ANNOTATION,
+    RETRYABLE_EXIT_CODES_ANNOTATION,
+    TERMINAL_EXIT_CODES_ANNOTATION,
+    WARMUP_GRACE_PERIOD_ANNOTATION,
+)
+from shared.faulttolerance import FaultTolerance
+from shared.messages import (
+    AppWrapperObservation,
+    ComponentObservation,
+    ContainerState,
+    NodeVerdict,
+    ObjectRef,
+    PodObservation,
+    Verdict,
+)
+
+# --------------------------------------------------------------------------- builders
+
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+NS = "team-a"
+AW = "train"
+UID = "aw-uid-1"
+GPU = "nvidia.com/gpu"
+MIN = timedelta(minutes=1)
+SEC = timedelta(seconds=1)
+
+
+def aw_body(
+    *,
+    phase: str = "Running",
+    deployed_at: datetime | None = T0,
+    resetting_count: int = 0,
+    annotations: dict[str, str] | None = None,
+    replicas: Any = 2,
+    suspend: bool = False,
+    components: Sequence[tuple[str, str]] = (("Job", "train-job"),),
+    deletion_timestamp: datetime | None = None,
+    managed_by: str | None = None,
+    uid: str = UID,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": AW, "namespace": NS, "uid": uid, "annotations": annotations or {}}
+    if deletion_timestamp is not None:
+        metadata["deletionTimestamp"] = format_kube_time(deletion_timestamp)
+    spec: dict[str, Any] = {"suspend": suspend, "components": []}
+    if managed_by is not None:
+        spec["managedBy"] = managed_by
+    conditions = []
+    if deployed_at is not None:
+        conditions.append(
+            {
+                "type": "ResourcesDeployed",
+                "status": "True",
+                "lastTransitionTime": format_kube_time(deployed_at),
+                "reason": "Resuming",
+                "message": "Suspend is false",
+            }
+        )
+    component_status = [
+        {
+            "name": name,
+            "kind": kind,
+            "apiVersion": "batch/v1",
+            # Replicas are split over the components so the total is ``replicas``.
+            "podSets": [{"replicas": replicas if i == 0 else 0, "path": "template.spec.template"}],
+        }
+        for i, (kind, name) in enumerate(components)
+    ]
+    return {
+        "apiVersion": "workload.codeflare.dev/v1beta2",
+        "kind": "AppWrapper",
+        "metadata": metadata,
+        "spec": spec,
+        "status": {
+            "phase": phase,
+            "resettingCount": resetting_count,
+            "conditions": conditions,
+            "componentStatus": component_status,
+        },
+    }
+
+
+def aw_obs(*, observed_at: datetime = T0, deleted: bool = False, **body: Any) -> AppWrapperObservation:
+    uid = body.get("uid", UID)
+    return AppWrapperObservation(
+        ref=ObjectRef(namespace=NS, name=AW, uid=uid),
+        deleted=deleted,
+        observed_at=observed_at,
+        body=aw_body(**body),
+    )
+
+
+def container(
+    name: str = "main",
+    *,
+    exit_code: int | None = None,
+    finished_at: datetime | None = None,
+    init: bool = False,
+) -> ContainerState:
+    terminated = exit_code is not None or finished_at is not None
+    return ContainerState(
+        name=name,
+        init=init,
+        state="terminated" if terminated else "running",
+        exit_code=exit_code,
+        finished_at=finished_at,
+    )
+
+
+def pod(
+    name: str,
+    phase: str = "Running",
+    *,
+    created_at: datetime | None = T0 + SEC,
+    observed_at: datetime | None = None,
+    node: str = "node-1",
+    resources: Iterable[str] = (),
+    containers: Iterable[ContainerState] = (),
+    uid: str | None = None,
+    deletion_requested: bool = False,
+    deleted: bool = False,
+    appwrapper: str = AW,
+) -> PodObservation:
+    return PodObservation(
+        ref=ObjectRef(namespace=NS, name=name, uid=uid or f"{name}-uid"),
+        appwrapper=appwrapper,
+        deleted=deleted,
+        observed_at=observed_at or (created_at or T0) + SEC,
+        created_at=created_at,
+        deletion_requested=deletion_requested,
+        phase=phase,
+        node_name=node,
+        containers=tuple(containers),
+        resources=tuple(resources),
+    )
+
+
+def failed_pod(
+    name: str, *, finished_at: datetime | None = None, exit_code: int = 1, **kwargs: Any
+) -> PodObservation:
+    return pod(name, "Failed", containers=[container(exit_code=exit_code, finished_at=finished_at)], **kwargs)
+
+
+def component(
+    name: str = "train-job",
+    kind: str = "Job",
+    *,
+    failed: bool = False,
+    deleted: bool = False,
+    deletion_requested: bool = False,
+    created_at: datetime | None = T0 + SEC,
+    observed_at: datetime | None = None,
+    uid: str = "job-uid-1",
+    status_message: str = "",
+) -> ComponentObservation:
+    return ComponentObservation(
+        ref=ObjectRef(namespace=NS, name=name, uid=uid),
+        appwrapper=AW,
+        api_version="batch/v1",
+        kind=kind,
+        deleted=deleted,
+        deletion_requested=deletion_requested,
+        failed=failed,
+        status_message=status_message,
+        observed_at=observed_at or (created_at or T0) + SEC,
+        created_at=created_at,
+    )
+
+
+def node_verdict(
+    nodes: Iterable[str] = ("node-1",), *, decided_at: datetime = T0, resource: str = GPU
+) -> NodeVerdict:
+    return NodeVerdict(resource=resource, no_execute=tuple(nodes), decided_at=decided_at)
+
+
+def fold(observations: Iterable[Observation], state: AppWrapperHealth | None = None) -> AppWrapperHealth:
+    state = state or AppWrapperHealth(namespace=NS, name=AW, defaults=FaultTolerance())
+    for obs in observations:
+        state = apply(state, obs)
+    return state
+
+
+def running(*names: str, **kwargs: Any) -> list[PodObservation]:
+    return [pod(n, "Running", **kwargs) for n in names]
+
+
+def decide(observations: Iterable[Observation], now: datetime) -> Decision:
+    return evaluate(fold(observations), now)
+
+
+def verdict_of(observations: Iterable[Observation], now: datetime) -> Verdict:
+    decision = decide(observations, now)
+    assert decision.verdict is not None
+    return decision.verdict
+
+
+# ------------------------------------------------------------------------ when to judge
+
+
+def test_nothing_is_decided_before_the_appwrapper_is_seen() -> None:
+    decision = decide(running("p0", "p1"), T0 + MIN)
+    assert decision.verdict is None
+    assert decision.next_deadline is None
+
+
+def test_a_healthy_running_appwrapper_gets_one_healthy_verdict() -> None:
+    state = fold([aw_obs(), *running("p0", "p1")])
+    first = evaluate(state, T0 + MIN)
+    assert first.verdict is not None
+    v = first.verdict
+    assert (v.state, v.reason, v.seq, v.terminal) == ("Healthy", "", 1, False)
+    assert v.ref == ObjectRef(namespace=NS, name=AW, uid=UID)
+    assert v.attempt_started_at == T0
+    assert v.decided_at == T0 + MIN
+    assert first.next_deadline is None
+    again = evaluate(first.state, T0 + 10 * MIN)
+    assert again.verdict is None
+
+
+@pytest.mark.parametrize(
+    "phase", ["", "Suspended", "Resuming", "Resetting", "Suspending", "Succeeded", "Failed"]
+)
+def test_only_running_appwrappers_are_judged(phase: str) -> None:
+    decision = decide([aw_obs(phase=phase), failed_pod("p0", finished_at=T0)], T0 + 10 * MIN)
+    assert decision.verdict is None
+    assert decision.next_deadline is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"suspend": True},
+        {"deletion_timestamp": T0 + MIN},
+        {"managed_by": "kueue.x-k8s.io/multikueue"},
+    ],
+    ids=["suspended-by-kueue", "being-deleted", "managed-elsewhere"],
+)
+def test_running_appwrappers_that_are_leaving_or_not_ours_are_not_judged(body: dict[str, Any]) -> None:
+    decision = decide([aw_obs(**body), failed_pod("p0", finished_at=T0)], T0 + 10 * MIN)
+    assert decision.verdict is None
+
+
+def test_managed_by_this_controller_is_judged() -> None:
+    v = verdict_of([aw_obs(managed_by=CONTROLLER_NAME), *running("p0", "p1")], T0 + MIN)
+    assert v.state == "Healthy"
+
+
+# -------------------------------------------------------------------------- failed pods
+
+
+def test_failed_pod_is_unhealthy_only_after_failure_grace_from_its_finish_time() -> None:
+    failed_at = T0 + 2 * MIN
+    state = fold(
+        [aw_obs(), pod("p0"), failed_pod("p1", finished_at=failed_at, observed_at=failed_at + 20 * SEC)]
+    )
+
+    during = evaluate(state, failed_at + 30 * SEC)
+    assert during.verdict is not None
+    v = during.verdict
+    assert (v.state, v.reason) == ("Healthy", "FoundFailedPods")
+    assert v.first_unhealthy_at == failed_at
+    assert v.deadline == failed_at + MIN
+    assert v.nodes == ("node-1",)
+    assert during.next_deadline == failed_at + MIN
+
+    assert evaluate(during.state, failed_at + MIN - timedelta(microseconds=1)).verdict is None
+    after = evaluate(during.state, failed_at + MIN)
+    assert after.verdict is not None
+    u = after.verdict
+    assert (u.state, u.reason, u.terminal, u.counts_toward_retry) == (
+        "Unhealthy",
+        "FoundFailedPods",
+        False,
+        True,
+    )
+    assert u.first_unhealthy_at == failed_at
+    assert u.deadline == failed_at + MIN
+    assert u.message.startswith("1 failed pods: p1")
+    assert u.seq == 2
+    assert after.next_deadline is None
+
+
+def test_without_a_finish_time_the_first_failed_observation_starts_the_clock() -> None:
+    first_seen = T0 + 2 * MIN
+    state = fold(
+        [
+            aw_obs(),
+            pod("p0"),
+            pod("p1", "Failed", observed_at=first_seen),
+            # A later observation of the same failed pod does not restart the clock.
+            pod("p1", "Failed", observed_at=first_seen + 40 * SEC),
+        ]
+    )
+    decision = evaluate(state, first_seen + MIN)
+    assert decision.verdict is not None
+    assert decision.verdict.state == "Unhealthy"
+    assert decision.verdict.first_unhealthy_at == first_seen
+
+
+def test_a_restarted_instance_computes_the_same_failure_deadline() -> None:
+    failed_at = T0 + 2 * MIN
+    history = [aw_obs(), pod("p0"), pod("p1"), failed_pod("p1", finished_at=failed_at, observed_at=failed_at)]
+    # The restarted instance sees only the latest observation of each object, much later.
+    latest = [
+        aw_obs(observed_at=T0 + 5 * MIN),
+        pod("p0"),
+        failed_pod("p1", finished_at=failed_at, observed_at=T0 + 5 * MIN),
+    ]
+    a = evaluate(fold(history), failed_at + 10 * SEC)
+    b = evaluate(fold(latest), failed_at + 10 * SEC)
+    assert a.next_deadline == b.next_deadline == failed_at + MIN
+
+
+def test_the_earliest_failure_starts_the_clock_and_all_failed_nodes_are_named() -> None:
+    v = verdict_of(
+        [
+            aw_obs(),
+            failed_pod("p0", finished_at=T0 + 3 * MIN, node="node-b"),
+            failed_pod("p1", finished_at=T0 + 2 * MIN, node="node-a"),
+        ],
+        T0 + 150 * SEC,
+    )
+    assert v.first_unhealthy_at == T0 + 2 * MIN
+    assert v.deadline == T0 + 3 * MIN
+    assert v.nodes == ("node-a", "node-b")
+
+
+@pytest.mark.parametrize(
+    ("annotation", "deadline", "warned"),
+    [
+        ("0s", T0 + 2 * MIN, False),
+        ("10s", T0 + 2 * MIN + 10 * SEC, False),
+        ("-1m", T0 + 2 * MIN, True),
+        ("2d", T0 + 3 * MIN, True),
+    ],
+)
+def test_failure_grace_annotation(annotation: str, deadline: datetime, warned: bool) -> None:
+    obs = [
+        aw_obs(annotations={FAILURE_GRACE_PERIOD_ANNOTATION: annotation}),
+        failed_pod("p0", finished_at=T0 + 2 * MIN),
+    ]
+    v = verdict_of(obs, T0 + 2 * MIN)
+    assert v.deadline == deadline
+    assert v.state == ("Unhealthy" if deadline == T0 + 2 * MIN else "Healthy")
+    if warned:
+        assert len(v.warnings) == 1
+        assert FAILURE_GRACE_PERIOD_ANNOTATION in v.warnings[0]
+        assert repr(annotation) in v.warnings[0]
+    else:
+        assert v.warnings == ()
+
+
+@pytest.mark.parametrize(
+    ("annotations", "exit_code", "init", "terminal"),
+    [
+        ({}, 42, False, False),
+        ({TERMINAL_EXIT_CODES_ANNOTATION: "42"}, 42, False, True),
+        ({TERMINAL_EXIT_CODES_ANNOTATION: "42"}, 1, False, False),
+        ({TERMINAL_EXIT_CODES_ANNOTATION: "3,abc,42"}, 42, False, True),
+        ({RETRYABLE_EXIT_CODES_ANNOTATION: "1,2"}, 1, False, False),
+        ({RETRYABLE_EXIT_CODES_ANNOTATION: "1,2"}, 3, False, True),
+        ({TERMINAL_EXIT_CODES_ANNOTATION: "2", RETRYABLE_EXIT_CODES_ANNOTATION: "1,2"}, 2, False, True),
+        # Upstream looks at app containers only.
+        ({TERMINAL_EXIT_CODES_ANNOTATION: "42"}, 42, True, False),
+    ],
+)
+def test_terminal_exit_codes(annotations: dict[str, str], exit_code: int, init: bool, terminal: bool) -> None:
+    failed = pod(
+        "p0",
+        "Failed",
+        containers=[
+            container("setup", exit_code=exit_code if init else 0, finished_at=T0 + MIN, init=True),
+            container("main", exit_code=1 if init else exit_code, finished_at=T0 + MIN),
+        ],
+    )
+    v = verdict_of(
+        [aw_obs(annotations={FAILURE_GRACE_PERIOD_ANNOTATION: "0s", **annotations}), failed], T0 + MIN
+    )
+    assert v.state == "Unhealthy"
+    assert v.terminal is terminal
+    assert ("is terminal" in v.message) is terminal
+
+
+def test_failed_pods_with_unparseable_exit_code_annotation_warn() -> None:
+    v = verdict_of(
+        [aw_obs(annotations={TERMINAL_EXIT_CODES_ANNOTATION: "x"}), *running("p0", "p1")], T0 + MIN
+    )
+    assert v.state == "Healthy"
+    assert any(TERMINAL_EXIT_CODES_ANNOTATION in w and "'x'" in w for w in v.warnings)
+
+
+def test_more_failed_pods_on_the_same_node_do_not_republish() -> None:
+    state = fold([aw_obs(), failed_pod("p0", finished_at=T0 + MIN), pod("p1")])
+    first = evaluate(state, T0 + 90 * SEC)
+    assert first.verdict is not None
+    later = apply(first.state, failed_pod("p1", finished_at=T0 + 80 * SEC))
+    assert evaluate(later, T0 + 100 * SEC).verdict is None
+
+
+# ------------------------------------------------------------------- admission / warmup
+
+
+def test_admission_grace_then_failure_grace_when_pods_are_missing() -> None:
+    state = fold([aw_obs(), pod("p0", "Pending")])  # 1 of 2 expected pods exists
+    before = evaluate(state, T0 + 59 * SEC)
+    assert before.verdict is not None
+    assert (before.verdict.state, before.verdict.reason) == ("Healthy", "")
+    assert before.next_deadline == T0 + MIN
+
+    detected = evaluate(before.state, T0 + MIN)
+    assert detected.verdict is not None
+    v = detected.verdict
+    assert (v.state, v.reason) == ("Healthy", "InsufficientPodsReady")
+    assert v.first_unhealthy_at == T0 + MIN
+    assert v.deadline == T0 + 2 * MIN
+    assert v.message.startswith("1 pods pending; 0 pods running; 0 pods succeeded")
+    assert "admission grace period 1m0s" in v.message
+    assert detected.next_deadline == T0 + 2 * MIN
+
+    unhealthy = evaluate(detected.state, T0 + 2 * MIN)
+    assert unhealthy.verdict is not None
+    assert (unhealthy.verdict.state, unhealthy.verdict.reason) == ("Unhealthy", "InsufficientPodsReady")
+    assert unhealthy.verdict.terminal is False
+
+
+def test_warmup_grace_applies_once_all_pods_exist() -> None:
+    state = fold([aw_obs(), pod("p0", "Pending"), pod("p1", "Running")])
+    d = evaluate(state, T0 + 2 * MIN)
+    assert d.verdict is not None and d.verdict.reason == ""
+    assert d.next_deadline == T0 + 5 * MIN
+    v = verdict_of([aw_obs(), pod("p0", "Pending"), pod("p1", "Running")], T0 + 6 * MIN)
+    assert (v.state, v.reason, v.first_unhealthy_at) == ("Unhealthy", "InsufficientPodsReady", T0 + 5 * MIN)
+    assert "warmup grace period 5m0s" in v.message
+
+
+def test_grace_period_annotations_move_the_readiness_deadlines() -> None:
+    annotations = {
+        ADMISSION_GRACE_PERIOD_ANNOTATION: "10s",
+        WARMUP_GRACE_PERIOD_ANNOTATION: "30s",
+        FAILURE_GRACE_PERIOD_ANNOTATION: "5s",
+    }
+    missing = decide([aw_obs(annotations=annotations), pod("p0", "Pending")], T0)
+    assert missing.next_deadline == T0 + 10 * SEC
+    not_running = decide([aw_obs(annotations=annotations), pod("p0", "Pending"), pod("p1", "Pending")], T0)
+    assert not_running.next_deadline == T0 + 30 * SEC
+    v = verdict_of(
+        [aw_obs(annotations=annotations), pod("p0", "Pending"), pod("p1", "Pending")], T0 + 35 * SEC
+    )
+    assert v.state == "Unhealthy"
+
+
+def test_pods_becoming_ready_clear_a_readiness_suspicion() -> None:
+    state = fold([aw_obs(), pod("p0", "Pending")])
+    suspect = evaluate(state, T0 + 70 * SEC)
+    assert suspect.verdict is not None and suspect.verdict.reason == "InsufficientPodsReady"
+    ready = fold(running("p0", "p1"), suspect.state)
+    cleared = evaluate(ready, T0 + 80 * SEC)
+    assert cleared.verdict is not None
+    assert (cleared.verdict.state, cleared.verdict.reason, cleared.verdict.seq) == ("Healthy", "", 2)
+    assert cleared.next_deadline is None
+
+
+def test_running_pods_being_deleted_do_not_count_as_ready() -> None:
+    obs = [aw_obs(), pod("p0"), pod("p1", deletion_requested=True)]
+    v = verdict_of(obs, T0 + 10 * MIN)
+    assert (v.state, v.reason) == ("Unhealthy", "InsufficientPodsReady")
+
+
+def test_unknown_expected_pod_count_skips_pod_count_rules_and_warns() -> None:
+    v = verdict_of([aw_obs(replicas="two")], T0 + 30 * MIN)
+    assert (v.state, v.reason) == ("Healthy", "")
+    assert any("expected pod count" in w for w in v.warnings)
+
+
+# ------------------------------------------------------------------------------ success
+
+
+@pytest.mark.parametrize(
+    ("pods", "state"),
+    [
+        ([pod("p0", "Succeeded"), pod("p1", "Succeeded")], "Succeeded"),
+        ([pod("p0", "Succeeded"), pod("p1", "Succeeded"), pod("p2", "Succeeded")], "Succeeded"),
+        ([pod("p0", "Succeeded"), pod("p1", "Running")], "Healthy"),
+        ([pod("p0", "Succeeded"), pod("p1", "Pending")], "Healthy"),
+        ([pod("p0", "Succeeded")], "Healthy"),
+        ([pod("p0", "Succeeded"), pod("p1", "Succeeded"), failed_pod("p2", finished_at=T0)], "Unhealthy"),
+    ],
+)
+def test_success_needs_all_expected_pods_succeeded_and_nothing_else(
+    pods: list[PodObservation], state: str
+) -> None:
+    v = verdict_of([aw_obs(), *pods], T0 + MIN)
+    assert v.state == state
+    if state == "Succeeded":
+        assert v.reason == "Succeeded"
+        assert v.message == f"{len(pods)} pods succeeded and no running, pending, or failed pods"
+
+
+# ---------------------------------------------------------------------------- autopilot
+
+
+def test_running_pod_using_a_no_execute_resource_is_unhealthy_without_grace_or_retry() -> None:
+    obs = [aw_obs(), *running("p0", "p1", resources=[GPU]), node_verdict(["node-1"], decided_at=T0 + MIN)]
+    v = verdict_of(obs, T0 + MIN)
+    assert (v.state, v.reason, v.counts_toward_retry, v.terminal) == (
+        "Unhealthy",
+        "AutopilotNoExecute",
+        False,
+        False,
+    )
+    assert v.nodes == ("node-1",)
+    assert v.message == "Workload contains pods using NoExecute resources on Nodes: node-1"
+    assert v.first_unhealthy_at == T0 + MIN
+
+
+@pytest.mark.parametrize(
+    "pods",
+    [
+        running("p0", "p1"),  # pods do not use the resource
+        running("p0", "p1", resources=["example.com/fpga"]),
+        running("p0", "p1", resources=[GPU], node="node-2"),
+        [pod("p0", "Pending", resources=[GPU]), pod("p1", "Pending", resources=[GPU])],
+        running("p0", "p1", resources=[GPU], deletion_requested=True),
+    ],
+    ids=["no-resource", "other-resource", "other-node", "pending", "terminating"],
+)
+def test_no_execute_concerns_only_running_pods_using_the_resource_on_that_node(
+    pods: list[PodObservation],
+) -> None:
+    v = verdict_of([aw_obs(), *pods, node_verdict(["node-1"])], T0 + MIN)
+    assert v.reason != "AutopilotNoExecute"
+
+
+def test_a_late_older_node_verdict_does_not_override_a_newer_one() -> None:
+    obs = [
+        aw_obs(),
+        *running("p0", "p1", resources=[GPU]),
+        node_verdict([], decided_at=T0 + 2 * MIN),
+        node_verdict(["node-1"], decided_at=T0 + MIN),
+    ]
+    assert verdict_of(obs, T0 + 3 * MIN).state == "Healthy"
+
+
+def test_failed_pods_in_grace_take_precedence_over_no_execute_as_upstream() -> None:
+    obs = [
+        aw_obs(),
+        pod("p0", resources=[GPU]),
+        failed_pod("p1", finished_at=T0 + MIN),
+        node_verdict(["node-1"]),
+    ]
+    v = verdict_of(obs, T0 + 90 * SEC)
+    assert (v.state, v.reason) == ("Healthy", "FoundFailedPods")
+
+
+# --------------------------------------------------------------------------- components
+
+
+@pytest.mark.parametrize(
+    ("pods", "terminal"),
+    [
+        (running("p0", "p1"), False),
+        ([failed_pod("p0", finished_at=T0 + MIN, exit_code=42)], True),
+    ],
+)
+def test_failed_job_is_unhealthy_at_once(pods: list[PodObservation], terminal: bool) -> None:
+    obs = [
+        aw_obs(annotations={TERMINAL_EXIT_CODES_ANNOTATION: "42"}),
+        component(failed=True, status_message="BackoffLimitExceeded", observed_at=T0 + MIN),
+        *pods,
+    ]
+    v = verdict_of(obs, T0 + MIN)
+    assert (v.state, v.reason, v.terminal) == ("Unhealthy", "FailedComponent", terminal)
+    assert v.message.startswith("Found 1 failed components: Job/train-job (BackoffLimitExceeded)")
+    assert v.first_unhealthy_at == T0 + MIN
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"deleted": True},
+        {"deletion_requested": True},
+    ],
+    ids=["tombstone", "deletion-timestamp"],
+)
+def test_externally_deleted_component_is_terminal_at_once(change: dict[str, bool]) -> None:
+    obs = [aw_obs(), *running("p0", "p1"), component(), component(observed_at=T0 + 2 * MIN, **change)]
+    v = verdict_of(obs, T0 + 2 * MIN)
+    assert (v.state, v.reason, v.terminal) == ("Unhealthy", "MissingComponent", True)
+    assert v.message.startswith("Only found 0 deployed components, but was expecting 1")
+    assert "Job/train-job" in v.message
+    assert v.first_unhealthy_at == T0 + 2 * MIN
+
+
+def test_missing_component_takes_precedence_over_everything_else() -> None:
+    obs = [aw_obs(), failed_pod("p0", finished_at=T0), component(failed=True), component(deleted=True)]
+    assert verdict_of(obs, T0 + MIN).reason == "MissingComponent"
+
+
+@pytest.mark.parametrize(
+    "obs",
+    [
+        # Deleted by the previous reset: created before this attempt was deployed.
+        component(deleted=True, created_at=T0 - 5 * MIN),
+        component(failed=True, created_at=T0 - 5 * MIN),
+        # Not one of the AppWrapper's recorded components.
+        component("other", deleted=True),
+        # The tombstone of an earlier object with the same name does not remove the new one.
+    ],
+    ids=["previous-attempt-tombstone", "previous-attempt-failed", "unrecorded"],
+)
+def test_component_events_that_are_not_about_this_attempt_are_ignored(obs: ComponentObservation) -> None:
+    assert verdict_of([aw_obs(), *running("p0", "p1"), obs], T0 + MIN).state == "Healthy"
+
+
+def test_a_tombstone_for_an_older_component_uid_is_ignored() -> None:
+    obs = [aw_obs(), *running("p0", "p1"), component(uid="new"), component(uid="old", deleted=True)]
+    assert verdict_of(obs, T0 + MIN).state == "Healthy"
+
+
+# ------------------------------------------------------------------------------ attempts
+
+
+def test_pods_of_a_previous_attempt_do_not_count() -> None:
+    old_failure = failed_pod("old", created_at=T0 - 10 * MIN, finished_at=T0 - 5 * MIN)
+    v = verdict_of([aw_obs(), old_failure, *running("p0", "p1")], T0 + MIN)
+    assert (v.state, v.reason) == ("Healthy", "")
+
+
+def test_after_an_unhealthy_verdict_the_attempt_is_settled() -> None:
+    state = fold(
+        [
+            aw_obs(annotations={FAILURE_GRACE_PERIOD_ANNOTATION: "0s"}),
+            pod("p0"),
+            failed_pod("p1", finished_at=T0 + MIN),
+        ]
+    )
+    decided = evaluate(state, T0 + MIN)
+    assert decided.verdict is not None and decided.verdict.state == "Unhealthy"
+    # Lifecycle starts the reset: components and pods go away, maybe seen before the phase change.
+    state = fold(
+        [component(deleted=True, observed_at=T0 + 2 * MIN), pod("p0", deleted=True), pod("p1", deleted=True)],
+        decided.state,
+    )
+    assert evaluate(state, T0 + 2 * MIN).verdict is None
+    state = apply(state, aw_obs(phase="Resetting", resetting_count=1))
+    assert evaluate(state, T0 + 3 * MIN).verdict is None
+
+
+def test_a_new_attempt_gets_a_new_verdict_and_the_old_failure_is_forgotten() -> None:
+    state = fold(
+        [
+            aw_obs(annotations={FAILURE_GRACE_PERIOD_ANNOTATION: "0s"}),
+            pod("p0"),
+            failed_pod("p1", finished_at=T0 + MIN),
+        ]
+    )
+    first = evaluate(state, T0 + MIN)
+    assert first.verdict is not None and first.verdict.state == "Unhealthy"
+    redeployed = T0 + 5 * MIN
+    state = fold(
+        [
+            aw_obs(
+                phase="Running",
+                resetting_count=1,
+                deployed_at=redeployed,
+                annotations={FAILURE_GRACE_PERIOD_ANNOTATION: "0s"},
+            )
+        ],
+        first.state,
+    )
+    # The old failed pod's tombstone has not arrived yet; it still must not count.
+    second = evaluate(state, redeployed + SEC)
+    assert second.verdict is not None
+    v = second.verdict
+    assert (v.state, v.reason, v.resetting_count, v.seq) == ("Healthy", "", 1, 2)
+    assert v.attempt_started_at == redeployed
+
+
+def test_an_autopilot_reset_starts_a_new_attempt_with_the_same_count() -> None:
+    obs = [aw_obs(), *running("p0", "p1", resources=[GPU]), node_verdict(["node-1"])]
+    first = decide(obs, T0 + MIN)
+    assert first.verdict is not None and first.verdict.reason == "AutopilotNoExecute"
+    redeployed = T0 + 3 * MIN
+    state = fold(
+        [
+            aw_obs(deployed_at=redeployed),
+            pod("p0", deleted=True),
+            pod("p1", deleted=True),
+            *running("q0", "q1", resources=[GPU], node="node-2", created_at=redeployed + SEC),
+        ],
+        first.state,
+    )
+    second = evaluate(state, redeployed + MIN)
+    assert second.verdict is not None
+    assert (second.verdict.state, second.verdict.resetting_count) == ("Healthy", 0)
+    assert second.msg_id != first.msg_id
+
+
+# ---------------------------------------------------------------------------- deletion
+
+
+def test_deleting_the_appwrapper_publishes_one_deleted_verdict() -> None:
+    state = fold([aw_obs(), *running("p0", "p1")])
+    healthy = evaluate(state, T0 + MIN)
+    tombstone = AppWrapperObservation(
+        ref=ObjectRef(namespace=NS, name=AW), deleted=True, observed_at=T0 + 2 * MIN
+    )
+    deleted = evaluate(apply(healthy.state, tombstone), T0 + 2 * MIN)
+    assert deleted.verdict is not None
+    v = deleted.verdict
+    assert (v.state, v.reason, v.seq, v.ref.uid) == ("Deleted", REASON_APPWRAPPER_DELETED, 2, UID)
+    assert deleted.next_deadline is None
+    assert evaluate(deleted.state, T0 + 3 * MIN).verdict is None
+
+
+def test_a_tombstone_of_an_appwrapper_never_seen_alive_says_nothing() -> None:
+    tombstone = AppWrapperObservation(ref=ObjectRef(namespace=NS, name=AW), deleted=True, observed_at=T0)
+    assert decide([tombstone], T0).verdict is None
+
+
+# ---------------------------------------------------------------- identity and restarts
+
+
+def test_msg_id_is_deterministic_and_names_attempt_seq_state_and_reason() -> None:
+    obs = [aw_obs(), *running("p0", "p1")]
+    a, b = decide(obs, T0 + MIN), decide(obs, T0 + 2 * MIN)
+    assert a.msg_id is not None
+    assert a.msg_id == b.msg_id
+    assert a.verdict is not None
+    assert a.msg_id == verdict_msg_id(a.verdict)
+    assert a.msg_id == f"{UID}:0:{T0.isoformat()}:1:Healthy:-"
+
+
+def test_a_restarted_instance_seeded_with_the_last_verdict_does_not_repeat_it() -> None:
+    obs = [aw_obs(), pod("p0"), failed_pod("p1", finished_at=T0 + MIN)]
+    published = verdict_of(obs, T0 + 70 * SEC)
+    restarted = remember_published(fold(obs), published)
+    assert evaluate(restarted, T0 + 80 * SEC).verdict is None
+    nxt = evaluate(restarted, T0 + 2 * MIN)
+    assert nxt.verdict is not None
+    assert (nxt.verdict.state, nxt.verdict.seq) == ("Unhealthy", published.seq + 1)
+
+
+def test_an_older_verdict_does_not_replace_a_newer_one() -> None:
+    newer = Verdict(ref=ObjectRef(namespace=NS, name=AW, uid=UID), state="Healthy", decided_at=T0, seq=5)
+    older = replace_verdict(newer, seq=4)
+    state = remember_published(remember_published(fold([]), newer), older)
+    assert state.last_verdict == newer
+
+
+def replace_verdict(v: Verdict, **changes: Any) -> Verdict:
+    return v.model_copy(update=changes)
+
+
+def test_observations_of_other_appwrappers_are_ignored() -> None:
+    state = fold([aw_obs(), *running("p0", "p1")])
+    after = fold([failed_pod("x", appwrapper="other", finished_at=T0)], state)
+    assert after == state
+
+
+def test_a_pod_tombstone_for_an_older_uid_keeps_the_current_pod() -> None:
+    state = fold([aw_obs(), pod("p0", uid="new"), pod("p1"), pod("p0", uid="old", deleted=True)])
+    assert set(state.pods) == {"p0", "p1"}
+    assert state.pods["p0"].uid == "new"
+
+
+def test_naive_timestamps_are_taken_as_utc() -> None:
+    naive = T0.replace(tzinfo=None)
+    state = fold([aw_obs(), pod("p0"), failed_pod("p1", finished_at=naive + MIN)])
+    decision = evaluate(state, naive + 90 * SEC)
+    assert decision.next_deadline == T0 + 2 * MIN
+
+
+def test_the_state_is_not_mutated_by_evaluate() -> None:
+    state = fold([aw_obs(), *running("p0", "p1")])
+    snapshot = replace(state)
+    evaluate(state, T0 + MIN)
+    assert state == snapshot
+    assert state.last_verdict is None
