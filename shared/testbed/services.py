@@ -8,8 +8,9 @@ import os
 import sys
 from pathlib import Path
 
-from shared.testbed.cluster import Log, State, _quiet
+from shared.testbed.cluster import Log, State, _http_ok, _quiet
 from shared.testbed.errors import TestbedError
+from shared.testbed.ports import free_port
 from shared.testbed.process import start, stop_pid, wait_until
 
 SERVICES = ("watcher", "health", "lifecycle", "autopilot")
@@ -20,9 +21,16 @@ def implemented(service: str) -> bool:
     return importlib.util.find_spec(f"services.{service}.service") is not None
 
 
-def service_env(state: State, extra: dict[str, str] | None = None) -> dict[str, str]:
+def service_env(state: State, extra: dict[str, str] | None = None, *, probe_port: int = 0) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"KUBECONFIG": str(state.kubeconfig), "NATS_URL": state.nats_url, "RESPAWN_METRICS_PORT": "0"})
+    env.update(
+        {
+            "KUBECONFIG": str(state.kubeconfig),
+            "NATS_URL": state.nats_url,
+            "RESPAWN_PROBE_PORT": str(probe_port),
+            "RESPAWN_PROBE_LOOPBACK": "1",
+        }
+    )
     if extra:
         env.update(extra)
     return env
@@ -33,19 +41,19 @@ def start_service(
 ) -> int:
     """Start one service process; returns its pid (recorded in the state for `down`)."""
     name = f"{service}{'-' + instance if instance else ''}"
+    port = free_port()
     proc = start(
         name,
         [sys.executable, "-m", f"services.{service}"],
         state.state_dir / "logs" / f"{name}.log",
-        env=service_env(state, env),
+        env=service_env(state, env, probe_port=port),
     )
     state.pids[name] = proc.pid
+    state.ports[f"{name}-probes"] = port
     state.save()
     # A service that cannot start (bad config, no NATS) exits at once; catch that here.
     try:
-        wait_until(
-            proc, lambda: (state.state_dir / "logs" / f"{name}.log").stat().st_size > 0, timeout=20, what="up"
-        )
+        wait_until(proc, lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"), timeout=60, what="ready")
     except TestbedError:
         stop_pid(proc.pid)
         raise

@@ -1,0 +1,333 @@
+"""The one Kubernetes client layer: raw JSON requests over kubernetes_asyncio's ApiClient.
+
+Respawn works with unstructured objects (any wrapped GVK, the AppWrapper CRD), so this
+layer speaks plain dicts and resolves kinds through API discovery instead of using the
+generated typed models. Authentication and TLS come from kubeconfig or the in-cluster
+service account, exactly as kubernetes_asyncio loads them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+
+class KubeApiError(Exception):
+    """A non-2xx answer from the API server, with the server's own message."""
+
+    def __init__(self, status: int, reason: str, message: str, body: Mapping[str, Any] | None = None) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.body = dict(body or {})
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def gone(self) -> bool:
+        return self.status == 410
+
+    @property
+    def already_exists(self) -> bool:
+        return self.status == 409 and self.body.get("reason") == "AlreadyExists"
+
+    @property
+    def invalid(self) -> bool:
+        return self.status in (400, 422)
+
+    @property
+    def forbidden(self) -> bool:
+        return self.status == 403
+
+    @property
+    def transient(self) -> bool:
+        return self.status in (429, 500, 502, 503, 504) or self.status == 0
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceRef:
+    """Where a kind lives in the REST API."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(
+        self, namespace: str | None = None, name: str | None = None, subresource: str | None = None
+    ) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{quote(namespace, safe='')}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{quote(name, safe='')}"
+            if subresource:
+                base += f"/{subresource}"
+        return base
+
+
+def split_api_version(api_version: str) -> tuple[str, str]:
+    if "/" in api_version:
+        group, _, version = api_version.partition("/")
+        return group, version
+    return "", api_version
+
+
+def _error_from(exc: ApiException) -> KubeApiError:
+    body: dict[str, Any] = {}
+    message = str(exc.reason or "")
+    raw: Any = exc.body
+    if isinstance(raw, bytes):
+        raw = raw.decode(errors="replace")
+    if isinstance(raw, str) and raw:
+        try:
+            body = json.loads(raw)
+            message = str(body.get("message") or message)
+        except json.JSONDecodeError:
+            message = raw[:500]
+    return KubeApiError(int(exc.status or 0), str(exc.reason or ""), message, body)
+
+
+class Kube:
+    """An authenticated connection to one API server."""
+
+    def __init__(self, api: k8s_client.ApiClient) -> None:
+        self.api = api
+        self._resources: dict[tuple[str, str], ResourceRef] = {}
+        self._discovery_lock = asyncio.Lock()
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | os.PathLike[str] | None = None, *, qps_pool: int = 64) -> Kube:
+        """From ``kubeconfig`` (or $KUBECONFIG); in a pod, from the service account."""
+        configuration = k8s_client.Configuration()
+        path = str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG")
+        if path:
+            await k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
+        else:
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        configuration.connection_pool_maxsize = qps_pool
+        return cls(k8s_client.ApiClient(configuration))
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    # ------------------------------------------------------------- raw requests
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str | int | bool] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        request_timeout: float | None = 30.0,
+    ) -> dict[str, Any]:
+        params = [(k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in (query or {}).items()]
+        try:
+            resp = await self.api.call_api(
+                path,
+                method,
+                query_params=params,
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=request_timeout,
+            )
+        except ApiException as exc:
+            raise _error_from(exc) from exc
+        except (TimeoutError, OSError) as exc:
+            raise KubeApiError(0, "Unavailable", f"{method} {path}: {exc!r}") from exc
+        raw = await resp.read()
+        data: dict[str, Any] = json.loads(raw) if raw else {}
+        return data
+
+    async def stream_lines(
+        self, path: str, *, query: Mapping[str, str | int | bool], request_timeout: float | None
+    ) -> AsyncIterator[bytes]:
+        """A long-running GET whose body is newline-delimited JSON (watch)."""
+        params = [(k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in query.items()]
+        try:
+            resp = await self.api.call_api(
+                path,
+                "GET",
+                query_params=params,
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=request_timeout,
+            )
+        except ApiException as exc:
+            raise _error_from(exc) from exc
+        try:
+            while True:
+                line = await resp.content.readline()
+                if not line:
+                    return
+                if line.strip():
+                    yield line
+        finally:
+            resp.release()
+
+    # ------------------------------------------------------------- discovery
+
+    async def resource(self, api_version: str, kind: str) -> ResourceRef:
+        """Resolve (apiVersion, kind) to its REST resource through discovery (cached)."""
+        key = (api_version, kind)
+        if key in self._resources:
+            return self._resources[key]
+        async with self._discovery_lock:
+            if key in self._resources:
+                return self._resources[key]
+            group, version = split_api_version(api_version)
+            path = f"/apis/{group}/{version}" if group else f"/api/{version}"
+            try:
+                listing = await self.request("GET", path)
+            except KubeApiError as exc:
+                if exc.not_found:
+                    raise KubeApiError(
+                        404, "NotFound", f"no API group/version {api_version} on this cluster"
+                    ) from exc
+                raise
+            for res in listing.get("resources", []):
+                if "/" in res["name"]:
+                    continue
+                ref = ResourceRef(group, version, res["name"], res["kind"], bool(res.get("namespaced")))
+                self._resources[(api_version, res["kind"])] = ref
+            if key not in self._resources:
+                raise KubeApiError(
+                    404, "NotFound", f"kind {kind} is not served by {api_version} on this cluster"
+                )
+            return self._resources[key]
+
+    def forget(self, api_version: str, kind: str) -> None:
+        """Drop a cached resolution (e.g. after a CRD was installed or removed)."""
+        self._resources.pop((api_version, kind), None)
+
+    # ------------------------------------------------------------- typed helpers
+
+    async def get(self, ref: ResourceRef, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return await self.request("GET", ref.path(namespace, name))
+
+    async def list(
+        self, ref: ResourceRef, namespace: str | None = None, **query: str | int | bool
+    ) -> dict[str, Any]:
+        return await self.request("GET", ref.path(namespace), query=query)
+
+    async def create(
+        self,
+        ref: ResourceRef,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        query: dict[str, str | int | bool] = {"dryRun": "All"} if dry_run else {}
+        return await self.request("POST", ref.path(namespace), body=dict(body), query=query)
+
+    async def replace_status(self, ref: ResourceRef, body: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT the status subresource: carries metadata.resourceVersion, so a stale write is a 409."""
+        meta = body["metadata"]
+        return await self.request(
+            "PUT", ref.path(meta.get("namespace"), meta["name"], "status"), body=dict(body)
+        )
+
+    async def replace(self, ref: ResourceRef, body: Mapping[str, Any]) -> dict[str, Any]:
+        meta = body["metadata"]
+        return await self.request("PUT", ref.path(meta.get("namespace"), meta["name"]), body=dict(body))
+
+    async def patch(
+        self,
+        ref: ResourceRef,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+        patch_type: str = "application/merge-patch+json",
+    ) -> dict[str, Any]:
+        return await self.request(
+            "PATCH", ref.path(namespace, name, subresource), body=patch, content_type=patch_type
+        )
+
+    async def delete(
+        self,
+        ref: ResourceRef,
+        name: str,
+        namespace: str | None = None,
+        *,
+        grace_period_seconds: int | None = None,
+        propagation: str = "Background",
+        uid: str | None = None,
+    ) -> dict[str, Any] | None:
+        """Delete; None if it was already gone. ``uid`` makes it a no-op for a newer namesake."""
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        if grace_period_seconds is not None:
+            body["gracePeriodSeconds"] = grace_period_seconds
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            return await self.request("DELETE", ref.path(namespace, name), body=body)
+        except KubeApiError as exc:
+            if exc.not_found or (exc.conflict and uid):
+                return None
+            raise
+
+    async def create_event(
+        self,
+        involved: Mapping[str, Any],
+        *,
+        type_: str,
+        reason: str,
+        message: str,
+        component: str,
+        now_iso: str,
+    ) -> None:
+        """A core/v1 Event on ``involved`` (best effort is the caller's decision)."""
+        meta = involved["metadata"]
+        namespace = meta.get("namespace") or "default"
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion", ""),
+                "kind": involved.get("kind", ""),
+                "name": meta["name"],
+                "namespace": namespace,
+                "uid": meta.get("uid", ""),
+                "resourceVersion": meta.get("resourceVersion", ""),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": component},
+            "reportingComponent": component,
+            "firstTimestamp": now_iso,
+            "lastTimestamp": now_iso,
+            "count": 1,
+        }
+        await self.request("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", body=event)

@@ -1,0 +1,149 @@
+"""List-then-watch for any resource, as informers do it.
+
+- LIST (paginated), then WATCH from the list's resourceVersion with bookmarks, so a
+  reconnect resumes where it stopped instead of replaying everything;
+- on 410 Gone (the resourceVersion was compacted away) re-LIST, and emit DELETED for
+  objects that vanished while we were not watching, so no transition is lost;
+- on any other disconnect or server error, reconnect with capped exponential backoff.
+
+The iterator never ends on its own; cancel the task to stop it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from shared.kube.client import Kube, KubeApiError, ResourceRef
+
+log = logging.getLogger(__name__)
+
+EventType = Literal["ADDED", "MODIFIED", "DELETED", "SYNCED"]
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    type: EventType
+    obj: dict[str, Any]
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata", {})
+    return meta.get("namespace", ""), meta.get("name", "")
+
+
+class Backoff:
+    """Capped exponential backoff with full jitter; reset after a healthy period."""
+
+    def __init__(self, base: float = 0.2, cap: float = 10.0) -> None:
+        self.base, self.cap, self.attempt = base, cap, 0
+
+    def next(self) -> float:
+        delay = min(self.cap, self.base * (2**self.attempt))
+        self.attempt += 1
+        return random.uniform(delay / 2, delay)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+async def list_then_watch(
+    kube: Kube,
+    ref: ResourceRef,
+    *,
+    namespace: str | None = None,
+    label_selector: str | None = None,
+    page_size: int = 500,
+    watch_timeout: int = 300,
+) -> AsyncIterator[WatchEvent]:
+    known: dict[tuple[str, str], dict[str, Any]] = {}
+    backoff = Backoff()
+    resource_version = ""
+    need_list = True
+    while True:
+        try:
+            if need_list:
+                items, resource_version = await _list_all(kube, ref, namespace, label_selector, page_size)
+                current = {_key(o): o for o in items}
+                for key, old in list(known.items()):
+                    if key not in current:
+                        yield WatchEvent("DELETED", old)
+                for obj in items:
+                    yield WatchEvent("MODIFIED" if _key(obj) in known else "ADDED", obj)
+                known = current
+                need_list = False
+                yield WatchEvent("SYNCED", {"metadata": {"resourceVersion": resource_version}})
+            query: dict[str, str | int | bool] = {
+                "watch": True,
+                "allowWatchBookmarks": True,
+                "resourceVersion": resource_version,
+                "timeoutSeconds": watch_timeout,
+            }
+            if label_selector:
+                query["labelSelector"] = label_selector
+            async for line in kube.stream_lines(
+                ref.path(namespace), query=query, request_timeout=watch_timeout + 30
+            ):
+                event = json.loads(line)
+                etype = event.get("type")
+                obj = event.get("object") or {}
+                if etype == "ERROR":
+                    if obj.get("code") == 410:
+                        log.info("watch on %s expired (410 Gone); re-listing", ref.plural)
+                        need_list = True
+                        break
+                    raise KubeApiError(int(obj.get("code") or 500), "WatchError", str(obj.get("message")))
+                rv = obj.get("metadata", {}).get("resourceVersion")
+                if rv:
+                    resource_version = rv
+                if etype == "BOOKMARK":
+                    continue
+                if etype == "DELETED":
+                    known.pop(_key(obj), None)
+                elif etype in ("ADDED", "MODIFIED"):
+                    known[_key(obj)] = obj
+                else:
+                    continue
+                backoff.reset()
+                yield WatchEvent(etype, obj)
+        except asyncio.CancelledError:
+            raise
+        except KubeApiError as exc:
+            if exc.gone:
+                need_list = True
+                continue
+            delay = backoff.next()
+            log.warning("watch on %s failed (%s); retrying in %.1fs", ref.plural, exc, delay)
+            await asyncio.sleep(delay)
+        except (OSError, TimeoutError, ValueError, Exception) as exc:  # aiohttp errors, broken JSON
+            delay = backoff.next()
+            log.warning("watch on %s disconnected (%r); retrying in %.1fs", ref.plural, exc, delay)
+            await asyncio.sleep(delay)
+
+
+async def _list_all(
+    kube: Kube, ref: ResourceRef, namespace: str | None, label_selector: str | None, page_size: int
+) -> tuple[list[dict[str, Any]], str]:
+    items: list[dict[str, Any]] = []
+    cont = ""
+    while True:
+        query: dict[str, str | int | bool] = {"limit": page_size}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        if cont:
+            query["continue"] = cont
+        page = await kube.request("GET", ref.path(namespace), query=query)
+        kind = ref.kind
+        for item in page.get("items", []):
+            # LIST responses omit each item's kind/apiVersion; put them back for consumers.
+            item.setdefault("kind", kind)
+            item.setdefault("apiVersion", ref.api_version)
+            items.append(item)
+        cont = page.get("metadata", {}).get("continue", "")
+        if not cont:
+            return items, str(page.get("metadata", {}).get("resourceVersion", ""))

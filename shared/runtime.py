@@ -1,0 +1,116 @@
+"""What every service process does around its own work, written once.
+
+Logging and tracing, configuration (validated at start: a bad config exits with one
+clear message), the NATS connection with the streams set up, the Kubernetes client,
+/healthz /readyz /metrics, and a clean shutdown on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from shared.bus import Bus, BusError
+from shared.kube import Kube
+from shared.probes import ProbeServer, ReadinessCheck, probe_port, start_probes
+from shared.telemetry import setup_telemetry
+
+if TYPE_CHECKING:
+    from shared.config import OperatorConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    name: str
+    config: OperatorConfig
+    bus: Bus
+    kube: Kube | None
+    probes: ProbeServer | None
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def add_check(self, name: str, check: ReadinessCheck) -> None:
+        if self.probes is not None:
+            self.probes.add_check(name, check)
+
+    def require_kube(self) -> Kube:
+        if self.kube is None:
+            raise RuntimeError(f"{self.name} was started without Kubernetes access")
+        return self.kube
+
+
+Main = Callable[[Runtime], Coroutine[Any, Any, None]]
+
+
+def nats_url(config: OperatorConfig) -> str:
+    return os.environ.get("NATS_URL") or config.nats.url
+
+
+async def run(name: str, main: Main, *, needs_kube: bool = True) -> int:
+    telemetry = setup_telemetry(name)
+    from shared.config import ConfigError, load_config
+
+    try:
+        config = load_config()
+    except ConfigError as exc:
+        log.error("invalid configuration: %s", exc)
+        return 2
+    try:
+        bus = await Bus.connect(
+            nats_url(config),
+            name=f"respawn-{name}",
+            user=os.environ.get("NATS_USER") or None,
+            password=os.environ.get("NATS_PASSWORD") or None,
+            creds=os.environ.get("NATS_CREDS") or None,
+            replicas=config.nats.stream_replicas,
+            tracer_provider=telemetry.provider,
+        )
+        await bus.ensure_streams()
+    except BusError as exc:
+        log.error("cannot use NATS: %s", exc)
+        return 3
+    kube = await Kube.connect() if needs_kube else None
+    probes = await start_probes(
+        probe_port(),
+        {"nats": lambda: bus.connected},
+        host="127.0.0.1" if os.environ.get("RESPAWN_PROBE_LOOPBACK") else "0.0.0.0",
+    )
+    rt = Runtime(name=name, config=config, bus=bus, kube=kube, probes=probes)
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, rt.stopping.set)
+    work = asyncio.create_task(main(rt), name=f"{name}-main")
+    stop = asyncio.create_task(rt.stopping.wait())
+    code = 0
+    try:
+        done, _ = await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if work in done and work.exception() is not None:
+            log.error("%s stopped with an error", name, exc_info=work.exception())
+            code = 1
+    finally:
+        log.info("%s shutting down", name)
+        for task in (work, stop):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if probes is not None:
+            await probes.stop()
+        await bus.close()
+        if kube is not None:
+            await kube.close()
+        telemetry.shutdown()
+    return code
+
+
+def entry(name: str, main: Main, *, needs_kube: bool = True) -> None:
+    """Console-script entry point for a service."""
+    sys.exit(asyncio.run(run(name, main, needs_kube=needs_kube)))
