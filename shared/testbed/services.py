@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
+import signal
 import sys
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from shared.testbed.cluster import Log, State, _http_ok, _quiet
 from shared.testbed.errors import TestbedError
 from shared.testbed.ports import free_port
-from shared.testbed.process import start, stop_pid, wait_until
+from shared.testbed.process import Proc, start, stop_pid, wait_until
 
 SERVICES = ("watcher", "health", "lifecycle", "autopilot")
 
@@ -21,12 +25,14 @@ def implemented(service: str) -> bool:
     return importlib.util.find_spec(f"services.{service}.service") is not None
 
 
-def service_env(state: State, extra: dict[str, str] | None = None, *, probe_port: int = 0) -> dict[str, str]:
+def service_env(
+    kubeconfig: Path, nats_url: str, extra: dict[str, str] | None = None, *, probe_port: int = 0
+) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {
-            "KUBECONFIG": str(state.kubeconfig),
-            "NATS_URL": state.nats_url,
+            "KUBECONFIG": str(kubeconfig),
+            "NATS_URL": nats_url,
             "RESPAWN_PROBE_PORT": str(probe_port),
             "RESPAWN_PROBE_LOOPBACK": "1",
         }
@@ -36,34 +42,79 @@ def service_env(state: State, extra: dict[str, str] | None = None, *, probe_port
     return env
 
 
-def start_service(
-    state: State, service: str, *, instance: str = "", env: dict[str, str] | None = None
-) -> int:
-    """Start one service process; returns its pid (recorded in the state for `down`)."""
+@dataclass
+class ServiceProcess:
+    name: str
+    proc: Proc
+    probe_port: int
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.alive()
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.probe_port}/metrics", timeout=5) as resp:
+            return str(resp.read().decode())
+
+    def stop(self) -> None:
+        stop_pid(self.proc.pid)
+
+    def kill(self) -> None:
+        """SIGKILL, as a node failure or an OOM kill would (no graceful shutdown)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_pid(self.proc.pid, timeout=2)
+
+
+def spawn_service(
+    service: str,
+    *,
+    kubeconfig: Path,
+    nats_url: str,
+    log_dir: Path,
+    instance: str = "",
+    env: dict[str, str] | None = None,
+    ready_timeout: float = 60,
+) -> ServiceProcess:
+    """Start ``python -m services.<service>`` and wait until its /readyz answers 200."""
     name = f"{service}{'-' + instance if instance else ''}"
     port = free_port()
     proc = start(
         name,
         [sys.executable, "-m", f"services.{service}"],
-        state.state_dir / "logs" / f"{name}.log",
-        env=service_env(state, env, probe_port=port),
+        log_dir / f"{name}.log",
+        env=service_env(kubeconfig, nats_url, env, probe_port=port),
     )
-    state.pids[name] = proc.pid
-    state.ports[f"{name}-probes"] = port
-    state.save()
     # A service that cannot start (bad config, no NATS) exits at once; catch that here.
     try:
-        wait_until(proc, lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"), timeout=60, what="ready")
+        wait_until(
+            proc, lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"), timeout=ready_timeout, what="ready"
+        )
     except TestbedError:
         stop_pid(proc.pid)
         raise
-    return proc.pid
+    return ServiceProcess(name, proc, port)
 
 
-def stop_service(state: State, name: str) -> None:
-    pid = state.pids.pop(name, 0)
-    stop_pid(pid)
+def start_service(
+    state: State, service: str, *, instance: str = "", env: dict[str, str] | None = None
+) -> int:
+    """Start one service process for a testbed; its pid is recorded in the state for `down`."""
+    sp = spawn_service(
+        service,
+        kubeconfig=state.kubeconfig,
+        nats_url=state.nats_url,
+        log_dir=state.state_dir / "logs",
+        instance=instance,
+        env=env,
+    )
+    state.pids[sp.name] = sp.pid
+    state.ports[f"{sp.name}-probes"] = sp.probe_port
     state.save()
+    return sp.pid
 
 
 def start_all(state: State, *, log: Log = _quiet) -> list[str]:
@@ -83,6 +134,5 @@ def run_in_foreground(service: str, config: Path | None) -> int:
         print(f"error: service {service!r} is not available in this build", file=sys.stderr)
         return 2
     module = importlib.import_module(f"services.{service}.__main__")
-    main = module.main
-    main()
+    module.main()
     return 0

@@ -1,0 +1,54 @@
+"""Fixtures for tests that run Respawn's services as real processes on the testbed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.appwrapper.constants import CRD_NAME
+from shared.testbed.cluster import kubectl
+from shared.testbed.modes import Endpoints
+from shared.testbed.services import ServiceProcess, spawn_service
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_DIR = REPO / "deploy" / "crd"
+
+ServiceFactory = Callable[..., ServiceProcess]
+
+
+@pytest.fixture(scope="session")
+def appwrapper_crd(testbed: Endpoints) -> Path:
+    """The AppWrapper CRD, installed once per session and served before tests use it."""
+    kubectl(testbed.kubeconfig, "apply", "--server-side", "--force-conflicts", "-k", str(CRD_DIR))
+    kubectl(testbed.kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+    deadline = time.monotonic() + 60
+    while kubectl(testbed.kubeconfig, "get", "appwrappers", "-A", check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            raise AssertionError("AppWrapper CRD not served after 60s")
+        time.sleep(0.2)
+    return testbed.kubeconfig
+
+
+@pytest.fixture
+def service(testbed: Endpoints, tmp_path: Path) -> Iterator[ServiceFactory]:
+    """Start Respawn services as separate processes; all are stopped after the test."""
+    started: list[ServiceProcess] = []
+
+    def start(name: str, *, instance: str = "", env: dict[str, str] | None = None) -> ServiceProcess:
+        sp = spawn_service(
+            name,
+            kubeconfig=testbed.kubeconfig,
+            nats_url=testbed.nats_url,
+            log_dir=tmp_path / "logs",
+            instance=instance,
+            env=env,
+        )
+        started.append(sp)
+        return sp
+
+    yield start
+    for sp in started:
+        sp.stop()

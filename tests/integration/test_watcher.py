@@ -1,0 +1,148 @@
+"""watcher, as a separate process on the testbed: Kubernetes state → observations on NATS."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared import subjects
+from shared.appwrapper.constants import APPWRAPPER_LABEL
+from shared.messages import AppWrapperObservation, ComponentObservation, NodeObservation, PodObservation
+from shared.testbed import sim
+from shared.testbed.cluster import kubectl
+from shared.testbed.modes import Endpoints
+from tests.integration.conftest import ServiceFactory
+from tests.integration.observe import Observer
+
+pytestmark = pytest.mark.testbed
+
+OBS = subjects.OBSERVATIONS_STREAM
+
+
+def apply(kubeconfig: Path, namespace: str, manifest: dict[str, Any]) -> None:
+    kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
+
+
+def appwrapper(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "workload.codeflare.dev/v1beta2",
+        "kind": "AppWrapper",
+        "metadata": {"name": name},
+        "spec": {
+            "suspend": True,
+            "components": [
+                {
+                    "template": {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "metadata": {"name": f"{name}-job"},
+                        "spec": {
+                            "template": {
+                                "spec": {
+                                    "restartPolicy": "Never",
+                                    "containers": [{"name": "c", "image": "busybox"}],
+                                }
+                            }
+                        },
+                    }
+                }
+            ],
+        },
+    }
+
+
+def labelled_job(name: str, aw: str, **annotations: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": {APPWRAPPER_LABEL: aw}},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {APPWRAPPER_LABEL: aw}, "annotations": annotations},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]},
+            },
+        },
+    }
+
+
+async def first_pod(kubeconfig: Path, namespace: str, within: float = 30) -> str:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        pods = json.loads(kubectl(kubeconfig, "get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
+        if pods:
+            return str(pods[0]["metadata"]["name"])
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no pod in {namespace} after {within}s")
+
+
+async def test_watcher_publishes_appwrappers_components_pods_nodes_and_tombstones(
+    testbed: Endpoints, appwrapper_crd: Path, namespace: str, service: ServiceFactory
+) -> None:
+    kc = testbed.kubeconfig
+    watcher = service("watcher")
+    apply(kc, namespace, appwrapper("aw1"))
+    # The Job stands in for what lifecycle would create: labelled with its AppWrapper.
+    apply(kc, namespace, labelled_job("aw1-job", "aw1", **{sim.FAIL_AFTER: "1s", sim.EXIT_CODE: "3"}))
+    async with Observer(testbed.nats_url) as obs:
+        aw = await obs.wait_last(
+            OBS,
+            subjects.appwrapper_obs(namespace, "aw1", "appwrapper", "aw1"),
+            AppWrapperObservation,
+            lambda m: True,
+        )
+        assert aw.body["spec"]["suspend"] is True and aw.ref.uid
+
+        pod_name = await first_pod(kc, namespace)
+        pod = await obs.wait_last(
+            OBS,
+            subjects.appwrapper_obs(namespace, "aw1", "pod", pod_name),
+            PodObservation,
+            lambda m: m.phase == "Failed",
+        )
+        assert pod.node_name.startswith("kwok-node-")
+        assert [c.exit_code for c in pod.containers if c.state == "terminated"] == [3]
+        assert pod.containers[0].finished_at is not None
+
+        job = await obs.wait_last(
+            OBS,
+            subjects.appwrapper_obs(namespace, "aw1", "component", "Job.aw1-job"),
+            ComponentObservation,
+            lambda m: m.failed,
+        )
+        assert job.kind == "Job" and "BackoffLimitExceeded" in job.status_message
+
+        node = await obs.wait_last(OBS, subjects.node_obs("kwok-node-0"), NodeObservation, lambda m: m.ready)
+        assert node.labels["type"] == "kwok"
+
+        kubectl(kc, "delete", "job", "aw1-job", "-n", namespace, "--wait=false")
+        await obs.wait_last(
+            OBS,
+            subjects.appwrapper_obs(namespace, "aw1", "component", "Job.aw1-job"),
+            ComponentObservation,
+            lambda m: m.deleted,
+        )
+    assert "respawn_watcher_observations_published_total" in watcher.metrics()
+
+
+async def test_restarted_watcher_resumes_without_losing_a_transition(
+    testbed: Endpoints, appwrapper_crd: Path, namespace: str, service: ServiceFactory
+) -> None:
+    kc = testbed.kubeconfig
+    watcher = service("watcher")
+    apply(kc, namespace, labelled_job("j", "aw2"))
+    async with Observer(testbed.nats_url) as obs:
+        pod_name = await first_pod(kc, namespace)
+        subject = subjects.appwrapper_obs(namespace, "aw2", "pod", pod_name)
+        await obs.wait_last(OBS, subject, PodObservation, lambda m: m.phase == "Running")
+        # Kill the watcher hard, change the world while it is down, start a new one.
+        watcher.kill()
+        sim.fail_pod(kc, namespace, pod_name, exit_code=9)
+        service("watcher", instance="2")
+        failed = await obs.wait_last(OBS, subject, PodObservation, lambda m: m.phase == "Failed")
+        assert [c.exit_code for c in failed.containers] == [9]
