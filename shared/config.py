@@ -1,0 +1,403 @@
+"""The operator configuration: one YAML file, then ``RESPAWN_*`` environment overrides.
+
+Loaded once when a service starts and validated in full, so a mistake stops the process with
+one message that names the offending key instead of surfacing hours later as odd behaviour.
+Key names follow upstream AppWrapper's operator configuration where it has one (note its
+``resetPause``, ``deletionGracePeriod`` and ``successTTLCeiling``, whose names differ from the
+parameters they set); durations are Go duration strings ("90s", "1h30m"). Unknown keys are
+rejected, because a misspelt key would otherwise silently leave a default in force.
+
+Every leaf key can be overridden by an environment variable named from its path, e.g.
+``faultTolerance.resetPause`` → ``RESPAWN_FAULT_TOLERANCE_RESET_PAUSE`` (see
+:func:`env_var_names`; docs/configuration.md lists them all).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal, get_args, get_origin
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from shared.durations import format_go_duration, parse_go_duration
+from shared.faulttolerance import FaultTolerance
+
+__all__ = [
+    "CONFIG_ENV",
+    "ENV_PREFIX",
+    "AutopilotConfig",
+    "ConfigError",
+    "FaultToleranceConfig",
+    "NatsConfig",
+    "NodeExclusionConfig",
+    "OperatorConfig",
+    "ResourceTaint",
+    "env_var_names",
+    "load_config",
+]
+
+CONFIG_ENV: Final = "RESPAWN_CONFIG"
+ENV_PREFIX: Final = "RESPAWN_"
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message names the key and what is wrong with it."""
+
+
+def _duration(value: Any) -> Any:
+    if isinstance(value, timedelta):
+        return value
+    # A bare 0 is unambiguous. Any other bare number is refused: upstream marshals durations as
+    # integer nanoseconds while people tend to mean seconds, and either reading of "90" would
+    # surprise someone.
+    if isinstance(value, int) and not isinstance(value, bool) and value == 0:
+        return timedelta(0)
+    if isinstance(value, str):
+        return parse_go_duration(value.strip())
+    raise ValueError(f"expected a Go duration string such as '90s' or '1h30m', got {value!r}")
+
+
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(_duration),
+    PlainSerializer(format_go_duration, return_type=str, when_used="json"),
+]
+
+
+def _empty_is_none(value: Any) -> Any:
+    return None if value == "" else value
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+class FaultToleranceConfig(_Section):
+    """Operator-wide defaults of the retry loop; AppWrapper annotations may override them."""
+
+    admission_grace_period: Duration = timedelta(minutes=1)
+    warmup_grace_period: Duration = timedelta(minutes=5)
+    failure_grace_period: Duration = timedelta(minutes=1)
+    retry_pause_period: Duration = Field(default=timedelta(seconds=90), alias="resetPause")
+    retry_limit: int = 3
+    # Upstream has no operator-level setting for this (only the annotation, default 0).
+    deletion_on_failure_grace_period: Duration = timedelta(0)
+    forceful_deletion_grace_period: Duration = Field(
+        default=timedelta(minutes=10), alias="deletionGracePeriod"
+    )
+    grace_period_ceiling: Duration = timedelta(hours=24)
+    success_ttl: Duration = Field(default=timedelta(days=7), alias="successTTLCeiling")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FaultToleranceConfig:
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, timedelta) and value < timedelta(0):
+                raise ValueError(f"{_key(name)} must not be negative, got {format_go_duration(value)}")
+        if self.retry_limit < 0:
+            raise ValueError(f"{_key('retry_limit')} must not be negative, got {self.retry_limit}")
+        if self.success_ttl <= timedelta(0):
+            raise ValueError(
+                f"{_key('success_ttl')} must be positive, got {format_go_duration(self.success_ttl)}"
+            )
+        # The ceiling also caps annotation values; a default above it could never take effect.
+        for name in _CAPPED:
+            value = getattr(self, name)
+            if value > self.grace_period_ceiling:
+                raise ValueError(
+                    f"{_key(name)} ({format_go_duration(value)}) exceeds "
+                    f"{_key('grace_period_ceiling')} ({format_go_duration(self.grace_period_ceiling)})"
+                )
+        # Pods must exist before they can be running: the admission clock cannot outlast warmup.
+        admission, warmup = self.admission_grace_period, self.warmup_grace_period
+        if admission > warmup:
+            raise ValueError(
+                f"{_key('admission_grace_period')} ({format_go_duration(admission)}) exceeds "
+                f"{_key('warmup_grace_period')} ({format_go_duration(warmup)})"
+            )
+        return self
+
+    def to_fault_tolerance(self) -> FaultTolerance:
+        return FaultTolerance(
+            admission_grace=self.admission_grace_period,
+            warmup_grace=self.warmup_grace_period,
+            failure_grace=self.failure_grace_period,
+            retry_pause=self.retry_pause_period,
+            retry_limit=self.retry_limit,
+            deletion_on_failure_grace=self.deletion_on_failure_grace_period,
+            forceful_deletion_grace=self.forceful_deletion_grace_period,
+            success_ttl=self.success_ttl,
+            grace_period_maximum=self.grace_period_ceiling,
+        )
+
+
+_CAPPED: Final = (
+    "admission_grace_period",
+    "warmup_grace_period",
+    "failure_grace_period",
+    "retry_pause_period",
+    "deletion_on_failure_grace_period",
+    "forceful_deletion_grace_period",
+)
+
+
+def _key(field: str) -> str:
+    info = FaultToleranceConfig.model_fields[field]
+    return f"faultTolerance.{info.alias or to_camel(field)}"
+
+
+class ResourceTaint(_Section):
+    """A node label ``key=value`` that marks ``resource`` unhealthy, and what that means.
+
+    NoSchedule and NoExecute keep new pods that use the resource off such nodes; NoExecute also
+    moves running workloads away; PreferNoSchedule only steers new pods elsewhere when possible.
+    """
+
+    key: str = Field(min_length=1)
+    value: str
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+_HEALTH_LABEL: Final = "autopilot.ibm.com/gpuhealth"
+
+
+def _default_resource_taints() -> dict[str, list[ResourceTaint]]:
+    # Upstream's built-in default (its website still shows an older ERR/EVICT example).
+    return {
+        "nvidia.com/gpu": [
+            ResourceTaint(key=_HEALTH_LABEL, value="WARN", effect="PreferNoSchedule"),
+            ResourceTaint(key=_HEALTH_LABEL, value="TESTING", effect="NoSchedule"),
+            ResourceTaint(key=_HEALTH_LABEL, value="EVICT", effect="NoExecute"),
+        ]
+    }
+
+
+class AutopilotConfig(_Section):
+    inject_anti_affinities: bool = True
+    monitor_nodes: bool = True
+    resource_taints: dict[str, list[ResourceTaint]] = Field(default_factory=_default_resource_taints)
+    # Weight of the preferred node-affinity term built from PreferNoSchedule taints (upstream's
+    # preferNoScheduleWeight); Kubernetes allows 1..100.
+    preferred_weight: int = Field(default=50, ge=1, le=100, alias="preferNoScheduleWeight")
+
+
+class NodeExclusionConfig(_Section):
+    """On a reset, keep the next attempt off the nodes where the failed one's pods failed."""
+
+    enabled: bool = True
+    max_nodes: int = Field(default=8, ge=0)
+
+
+class NatsConfig(_Section):
+    url: str = Field(default="nats://localhost:4222", min_length=1)
+    # JetStream allows 1 to 5 replicas per stream.
+    stream_replicas: int = Field(default=1, ge=1, le=5)
+
+
+class OperatorConfig(_Section):
+    fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
+    autopilot: AutopilotConfig = Field(default_factory=AutopilotConfig)
+    node_exclusion: NodeExclusionConfig = Field(default_factory=NodeExclusionConfig)
+    # Kueue local queue put on AppWrappers that name none; empty leaves them alone.
+    default_queue_name: str = ""
+    nats: NatsConfig = Field(default_factory=NatsConfig)
+    # None: in-cluster service account, else $KUBECONFIG / ~/.kube/config.
+    kubeconfig: Annotated[Path | None, BeforeValidator(_empty_is_none)] = None
+    metrics_port: int = Field(default=8081, ge=0, le=65535)
+
+    def to_fault_tolerance(self) -> FaultTolerance:
+        return self.fault_tolerance.to_fault_tolerance()
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment overrides
+
+
+def _env_token(key: str) -> str:
+    # camelCase (with acronyms) → SCREAMING_SNAKE: successTTLCeiling → SUCCESS_TTL_CEILING.
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", key).upper()
+
+
+def _leaves(model: type[BaseModel], prefix: tuple[str, ...]) -> dict[tuple[str, ...], bool]:
+    """Key paths of every leaf setting, mapped to whether its env value is structured (YAML)."""
+    leaves: dict[tuple[str, ...], bool] = {}
+    for name, info in model.model_fields.items():
+        key = info.alias or to_camel(name)
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            leaves.update(_leaves(annotation, (*prefix, key)))
+        else:
+            structured = get_origin(annotation) in (dict, list) or any(
+                get_origin(arg) in (dict, list) for arg in get_args(annotation)
+            )
+            leaves[(*prefix, key)] = structured
+    return leaves
+
+
+_LEAVES: Final = _leaves(OperatorConfig, ())
+_ENV_TO_PATH: Final = {ENV_PREFIX + "_".join(_env_token(k) for k in path): path for path in _LEAVES}
+# Variables under a section's prefix must name a real key: a typo there is an error, whereas
+# other RESPAWN_* variables (RESPAWN_CONFIG, RESPAWN_LOG_LEVEL, ...) belong to other parts.
+_SECTION_PREFIXES: Final = tuple(
+    sorted({ENV_PREFIX + _env_token(path[0]) + "_" for path in _LEAVES if len(path) > 1})
+)
+
+
+def env_var_names() -> dict[str, str]:
+    """Every override variable and the dotted key it sets."""
+    return {env: ".".join(path) for env, path in _ENV_TO_PATH.items()}
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for name in sorted(env):
+        path = _ENV_TO_PATH.get(name)
+        if path is None:
+            if name.startswith(_SECTION_PREFIXES):
+                raise ConfigError(f"unknown environment variable {name}{_suggest(name, list(_ENV_TO_PATH))}")
+            continue
+        raw = env[name]
+        value: Any = raw
+        if _LEAVES[path]:
+            try:
+                value = yaml.safe_load(raw)
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{name} (key {'.'.join(path)}) is not valid YAML/JSON: {exc}") from None
+        target = overrides
+        for key in path[:-1]:
+            target = target.setdefault(key, {})
+        target[path[-1]] = value
+    return overrides
+
+
+def _merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overrides.items():
+        current = merged.get(key)
+        if isinstance(current, dict) and isinstance(value, Mapping) and key != "resourceTaints":
+            merged[key] = _merge(current, value)
+        else:
+            # resourceTaints is replaced as a whole, so an override can also remove resources.
+            merged[key] = value
+    return merged
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def _suggest(word: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(word, candidates, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif "." in part or "/" in part:
+            text += f'["{part}"]'
+        else:
+            text += f".{part}" if text else part
+    return text
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] = OperatorConfig
+    for part in loc:
+        field = next(
+            (
+                info
+                for name, info in model.model_fields.items()
+                if part in (name, info.alias or to_camel(name))
+            ),
+            None,
+        )
+        if field is None or not (
+            isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+        ):
+            return None
+        model = field.annotation
+    return model
+
+
+def _describe(exc: ValidationError, from_env: Mapping[tuple[str, ...], str]) -> str:
+    problems = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        source = next((f" (set by {var})" for path, var in from_env.items() if loc[: len(path)] == path), "")
+        if err["type"] == "extra_forbidden":
+            parent = _model_at(loc[:-1])
+            known = (
+                [info.alias or to_camel(name) for name, info in parent.model_fields.items()] if parent else []
+            )
+            problems.append(f"unknown key '{_location(loc)}'{_suggest(str(loc[-1]), known)}")
+            continue
+        message = str(err["msg"]).removeprefix("Value error, ")
+        # Cross-field checks already name their keys in full.
+        if err["type"] == "value_error" and message.startswith("faultTolerance."):
+            problems.append(message)
+        else:
+            problems.append(f"{_location(loc)}: {message}{source}")
+    return "; ".join(problems)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration file {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"configuration file {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"configuration file {path} must hold a mapping of keys, not {type(data).__name__}")
+    return data
+
+
+def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> OperatorConfig:
+    """The validated configuration: defaults, then the YAML file, then ``RESPAWN_*`` variables.
+
+    ``path`` defaults to ``$RESPAWN_CONFIG``; with neither, only defaults and the environment
+    apply. ``env`` defaults to ``os.environ``. Raises :class:`ConfigError`.
+    """
+    environ = os.environ if env is None else env
+    if path is None and environ.get(CONFIG_ENV):
+        path = Path(environ[CONFIG_ENV])
+    data = _read_file(path) if path is not None else {}
+    overrides = _env_overrides(environ)
+    data = _merge(data, overrides)
+    from_env = {path: env for env, path in _ENV_TO_PATH.items() if env in environ}
+    try:
+        return OperatorConfig.model_validate(data)
+    except ValidationError as exc:
+        source = f" (file {path})" if path is not None else ""
+        raise ConfigError(f"invalid configuration{source}: {_describe(exc, from_env)}") from None
