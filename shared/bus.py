@@ -35,7 +35,16 @@ import nats.js.errors
 from nats.js import api
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    NoOpTracerProvider,
+    ProxyTracerProvider,
+    Span,
+    SpanKind,
+    Status,
+    StatusCode,
+    TracerProvider,
+)
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -55,6 +64,7 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
 
 MSG_ID_HEADER = "Nats-Msg-Id"
+TRACEPARENT_HEADER = "traceparent"
 # Headers added to a dead-lettered copy (docs/messages.md, "Dead letters").
 DL_REASON_HEADER = "Respawn-Dead-Letter-Reason"
 DL_ERROR_HEADER = "Respawn-Dead-Letter-Error"
@@ -521,7 +531,10 @@ class Consumer(Generic[M]):
             )
             await self._dead_letter(msg, md, reason, str(exc))
             return
-        ctx = extract_context(headers)
+        # Extracting and starting a span costs about as much as decoding; skip both when
+        # nothing records spans and no trace came with the message (propagation needs neither).
+        traced = TRACEPARENT_HEADER in headers or self._bus.tracing
+        ctx = extract_context(headers) if traced else Context()
         delivery = Delivery(
             subject=msg.subject,
             headers=headers,
@@ -534,7 +547,9 @@ class Consumer(Generic[M]):
             trace_context=ctx,
             _msg=msg,
         )
-        exhausted = self._max_deliver > 0 and delivery.num_delivered >= self._max_deliver
+        if not traced:
+            await self._handle(msg, md, message, delivery, INVALID_SPAN)
+            return
         attributes = {
             "messaging.system": "nats",
             "messaging.operation.type": "process",
@@ -552,37 +567,40 @@ class Consumer(Generic[M]):
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
-            started = time.perf_counter()
-            try:
-                await self._handler(message, delivery)
-            except TransientError as exc:
-                self._m_seconds.observe(time.perf_counter() - started)
-                span.set_attribute("respawn.retry_delay_s", exc.delay)
-                if exhausted:
-                    await self._dead_letter(msg, md, DL_MAX_DELIVERIES, f"transient: {exc}")
-                else:
-                    log.info(
-                        "%s seq %d: retry in %.1fs: %s", msg.subject, delivery.stream_seq, exc.delay, exc
-                    )
-                    await self._nak(msg, exc.delay, "transient")
-                return
-            except Exception as exc:
-                self._m_seconds.observe(time.perf_counter() - started)
-                self._m_errors.inc()
-                span.record_exception(exc)
-                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-                log.exception(
-                    "handler failed for %s seq %d (delivery %d)",
-                    msg.subject,
-                    delivery.stream_seq,
-                    delivery.num_delivered,
-                )
-                if exhausted:
-                    await self._dead_letter(msg, md, DL_MAX_DELIVERIES, f"{type(exc).__name__}: {exc}")
-                else:
-                    await self._nak(msg, error_delay(delivery.num_delivered), "error")
-                return
+            await self._handle(msg, md, message, delivery, span)
+
+    async def _handle(self, msg: Any, md: Any, message: M, delivery: Delivery, span: Span) -> None:
+        """Run the handler and settle the message by its outcome (ack, nak or dead letter)."""
+        exhausted = self._max_deliver > 0 and delivery.num_delivered >= self._max_deliver
+        started = time.perf_counter()
+        try:
+            await self._handler(message, delivery)
+        except TransientError as exc:
             self._m_seconds.observe(time.perf_counter() - started)
+            span.set_attribute("respawn.retry_delay_s", exc.delay)
+            if exhausted:
+                await self._dead_letter(msg, md, DL_MAX_DELIVERIES, f"transient: {exc}")
+            else:
+                log.info("%s seq %d: retry in %.1fs: %s", msg.subject, delivery.stream_seq, exc.delay, exc)
+                await self._nak(msg, exc.delay, "transient")
+            return
+        except Exception as exc:
+            self._m_seconds.observe(time.perf_counter() - started)
+            self._m_errors.inc()
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            log.exception(
+                "handler failed for %s seq %d (delivery %d)",
+                msg.subject,
+                delivery.stream_seq,
+                delivery.num_delivered,
+            )
+            if exhausted:
+                await self._dead_letter(msg, md, DL_MAX_DELIVERIES, f"{type(exc).__name__}: {exc}")
+            else:
+                await self._nak(msg, error_delay(delivery.num_delivered), "error")
+            return
+        self._m_seconds.observe(time.perf_counter() - started)
         if await self._settle(msg.ack(), "ack"):
             self._m_acked.inc()
 
@@ -659,6 +677,7 @@ class Bus:
         self.replicas = replicas
         self.duplicate_window = duplicate_window
         self.tracer = trace.get_tracer("respawn.bus", tracer_provider=tracer_provider)
+        self._own_provider = tracer_provider is not None
         self._state = state
         self._consumers: list[Consumer[Any]] = []
 
@@ -750,6 +769,13 @@ class Bus:
     @property
     def connected(self) -> bool:
         return bool(self._nc.is_connected)
+
+    @property
+    def tracing(self) -> bool:
+        """Whether spans are recorded (an SDK provider is installed or was given)."""
+        return self._own_provider or not isinstance(
+            trace.get_tracer_provider(), ProxyTracerProvider | NoOpTracerProvider
+        )
 
     @property
     def reconnects(self) -> int:
@@ -988,8 +1014,8 @@ class _ConnectionState:
 
     async def on_error(self, exc: Exception) -> None:
         text = f"{type(exc).__name__}: {exc}".strip()
-        if text != self.last_error:
-            log.debug("NATS client error: %s", text)
+        if text != self.last_error:  # once per distinct error, not once per reconnect attempt
+            log.warning("NATS client error: %s", text)
         self.last_error = text
 
     async def on_disconnected(self) -> None:

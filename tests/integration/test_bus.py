@@ -455,3 +455,24 @@ async def test_kv_update_with_serialises_concurrent_writers(bus: Bus) -> None:
     entry = await kv.get("n")
     assert entry is not None and entry.value == b"10"  # no lost update
     assert await kv.update_with("n", lambda e: None) == entry  # "no change" writes nothing
+
+
+async def test_a_service_without_tracing_still_passes_the_trace_on(bus: Bus) -> None:
+    subject = subjects.verdict("passthrough", uid())
+    onward = subjects.lifecycle_event("passthrough", uid())
+    seen: list[int] = []
+
+    async def handler(msg: Verdict, delivery: Delivery) -> None:
+        seen.append(trace.get_current_span().get_span_context().trace_id)
+        await bus.publish(onward, verdict("b"), msg_id=None)
+
+    upstream = TracerProvider()  # another service, which does trace
+    with upstream.get_tracer("test").start_as_current_span("incident") as root:
+        await bus.publish(subject, verdict("a"), msg_id=None)
+    trace_id = root.get_span_context().trace_id
+
+    await bus.consume(subjects.VERDICTS_STREAM, f"t_{uid()}", subject, Verdict, handler)
+    await eventually(lambda: len(seen) == 1, what="the traced message")
+    assert seen == [trace_id]
+    onward_msg = await bus.js.get_last_msg(subjects.LIFECYCLE_STREAM, onward)
+    assert onward_msg.headers["traceparent"].split("-")[1] == format(trace_id, "032x")
