@@ -450,7 +450,16 @@ class Consumer(Generic[M]):
                             for rest in msgs[index:]:
                                 await self._settle(rest.nak(), "nak")
                             break
-                        await self._process(msg)
+                        try:
+                            await self._process(msg)
+                        except Exception:  # a bug here must not end the loop
+                            log.exception(
+                                "consumer %s/%s: processing %s failed; it will be redelivered",
+                                self.stream,
+                                self.durable,
+                                msg.subject,
+                            )
+                            await self._settle(msg.nak(delay=1.0), "nak")
                 finally:
                     self._busy = False
         finally:
