@@ -112,16 +112,16 @@ class FaultToleranceConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> FaultToleranceConfig:
+        if self.success_ttl <= timedelta(0):
+            raise ValueError(
+                f"{_key('success_ttl')} must be positive, got {format_go_duration(self.success_ttl)}"
+            )
         for name in type(self).model_fields:
             value = getattr(self, name)
             if isinstance(value, timedelta) and value < timedelta(0):
                 raise ValueError(f"{_key(name)} must not be negative, got {format_go_duration(value)}")
         if self.retry_limit < 0:
             raise ValueError(f"{_key('retry_limit')} must not be negative, got {self.retry_limit}")
-        if self.success_ttl <= timedelta(0):
-            raise ValueError(
-                f"{_key('success_ttl')} must be positive, got {format_go_duration(self.success_ttl)}"
-            )
         # The ceiling also caps annotation values; a default above it could never take effect.
         for name in _CAPPED:
             value = getattr(self, name)
