@@ -968,6 +968,7 @@ class Bus:
         max_deliver: int = 10,
         fetch_timeout: float = 1.0,
         deliver_policy: api.DeliverPolicy = api.DeliverPolicy.ALL,
+        inactive_threshold: float | None = None,
     ) -> Consumer[M]:
         """Create-or-update the durable pull consumer and start its loop.
 
@@ -991,6 +992,9 @@ class Bus:
             max_ack_pending=max_ack_pending,
             filter_subject=filters[0] if len(filters) == 1 else None,
             filter_subjects=list(filters) if len(filters) > 1 else None,
+            # Per-instance consumers (a replica that replays a stream into memory) are removed
+            # by the server once their instance is gone for this long.
+            inactive_threshold=inactive_threshold,
         )
         await self.ensure_consumer(stream, config)
         consumer = Consumer(

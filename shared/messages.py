@@ -62,6 +62,12 @@ def decode(cls: type[M], data: bytes) -> M:
     if not isinstance(raw, dict):
         raise InvalidMessage(f"expected a map, got {type(raw).__name__}")
     kind = raw.get("schema_kind")
+    variants: dict[str, type[Message]] = getattr(cls, "VARIANTS", {})
+    if variants:
+        # A union stand-in (e.g. AnyObservation): dispatch on the kind the message names.
+        if kind not in variants:
+            raise InvalidMessage(f"expected one of {sorted(variants)}, got schema_kind {kind!r}")
+        return decode(variants[kind], data)  # type: ignore[return-value]
     if kind != cls.KIND:
         raise InvalidMessage(f"expected schema_kind {cls.KIND!r}, got {kind!r}")
     version = raw.get("schema_version")
@@ -235,3 +241,18 @@ class LifecycleEvent(Message):
     resetting_count: int = 0
     nodes: tuple[str, ...] = ()
     at: datetime
+
+
+class AnyObservation(Message):
+    """Stand-in for "any observation" when one consumer reads the whole observation stream.
+
+    ``decode(AnyObservation, data)`` returns the concrete observation the message names.
+    """
+
+    KIND: ClassVar[str] = "observation.*"
+    VARIANTS: ClassVar[dict[str, type[Message]]] = {
+        AppWrapperObservation.KIND: AppWrapperObservation,
+        PodObservation.KIND: PodObservation,
+        ComponentObservation.KIND: ComponentObservation,
+        NodeObservation.KIND: NodeObservation,
+    }
