@@ -756,7 +756,13 @@ class _Reconciliation:
     def _failed(self) -> bool:
         if self._is_true(ConditionType.RESOURCES_DEPLOYED):
             delay = self.params.deletion_on_failure_grace
-            if delay > timedelta(0) and not self.suspend:
+            # Once deletion has begun it is never paused again (re-pausing would restart the
+            # window with every step).
+            if (
+                delay > timedelta(0)
+                and not self.suspend
+                and not self._is_true(ConditionType.DELETING_RESOURCES)
+            ):
                 self._set(
                     ConditionType.DELETING_RESOURCES,
                     ConditionStatus.FALSE,

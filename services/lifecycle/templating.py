@@ -23,9 +23,9 @@ Everything here is pure and deep-copies its input.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, KIND
 from shared.appwrapper.model import PodSet
@@ -54,15 +54,11 @@ class PodTemplateContext:
     path: str
 
 
-class PodTemplateHook(Protocol):
-    """Adds to a pod template (e.g. node affinity) and returns the template to use.
-
-    The hook receives a private copy and may mutate and return it, or return a new object. It
-    raises :class:`TemplateError` (or ValueError) for a template it cannot accept; that makes
-    the AppWrapper Failed like any other rendering error.
-    """
-
-    def __call__(self, context: PodTemplateContext, pod_template: dict[str, Any]) -> dict[str, Any]: ...
+# Adds to a pod template (e.g. node affinity) and returns the template to use. A hook receives
+# a private copy and may mutate and return it, or return a new object. It raises TemplateError
+# (or ValueError) for a template it cannot accept; that makes the AppWrapper Failed like any
+# other rendering error.
+PodTemplateHook = Callable[[PodTemplateContext, dict[str, Any]], dict[str, Any]]
 
 
 def owner_reference(appwrapper: Mapping[str, Any]) -> dict[str, Any]:

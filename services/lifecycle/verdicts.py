@@ -8,15 +8,16 @@ the only durable record, by the verdict's identity:
 - ``ref.uid``: the AppWrapper incarnation it was decided about;
 - ``resetting_count``: the ``status.resettingCount`` health saw. A reset that counts increments
   the status, so the same verdict can never cause a second counted reset;
-- ``decided_at`` against the start of the current attempt (``ResourcesDeployed`` turning True on
-  resume): a reset that does not count (Autopilot migration) leaves ``resettingCount`` alone, and
-  this is what keeps its verdict from being applied again to the recreated workload.
+- ``attempt_started_at``, the ``ResourcesDeployed`` transition time of the attempt health
+  judged (or, from producers that do not set it, ``decided_at``), against the start of the
+  current attempt: a reset that does not count (Autopilot migration) leaves ``resettingCount``
+  alone, and this is what keeps its verdict from being applied again to the recreated workload.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -77,8 +78,17 @@ def verdict_relation(
     if verdict.resetting_count > count:
         return VerdictRelation.AHEAD
     start = attempt_start(status)
-    # The attempt start is stored at whole seconds (metav1.Time), i.e. rounded down, so a verdict
-    # decided in the same second as the resume still counts as current.
-    if start is not None and as_utc(verdict.decided_at) < start:
+    if verdict.attempt_started_at is not None:
+        # Health read the same timestamp from the status it judged: an exact identity.
+        judged = as_utc(verdict.attempt_started_at)
+        if start is None or judged < start:
+            return VerdictRelation.STALE
+        if judged > start:
+            return VerdictRelation.AHEAD
+        return VerdictRelation.CURRENT
+    # Without it, fall back to time. The attempt start is stored at whole seconds (metav1.Time),
+    # rounded down, so a verdict decided within that second may be about either attempt; it is
+    # taken as the old one, because applying an old verdict again would reset twice.
+    if start is not None and as_utc(verdict.decided_at) < start + timedelta(seconds=1):
         return VerdictRelation.STALE
     return VerdictRelation.CURRENT
