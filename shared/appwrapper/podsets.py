@@ -13,6 +13,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from shared.appwrapper.constants import (
     JOB_COMPLETION_INDEX_ANNOTATION,
     JOBSET_JOB_INDEX_LABEL,
@@ -21,7 +23,7 @@ from shared.appwrapper.constants import (
     TAS_SUB_GROUP_COUNT_ANNOTATION,
     TAS_SUB_GROUP_INDEX_LABEL_ANNOTATION,
 )
-from shared.appwrapper.model import AppWrapperComponent, PodSet
+from shared.appwrapper.model import AppWrapperComponent, AppWrapperError, PodSet
 
 __all__ = [
     "PodSetPathError",
@@ -50,30 +52,36 @@ class PodSetPathError(ValueError):
     """A pod-set path that is malformed or does not resolve inside the template."""
 
 
-def parse_path(path: str) -> list[PathStep]:
-    """Split a pod-set path into steps after the leading ``template``: names and list indices."""
+def _parse(path: str) -> list[tuple[PathStep, int]]:
+    # Each step with the position of its dot-separated element ('template' is position 0), which
+    # is what error messages report, as upstream's do.
     elements = path.split(".")
     head = _ELEMENT.match(elements[0])
     if head is None or head["field"] != _ROOT:
         raise PodSetPathError("first element of the path must be 'template'")
-    steps: list[PathStep] = []
+    steps: list[tuple[PathStep, int]] = []
     for position, element in enumerate(elements):
         match = _ELEMENT.match(element)
         if match is None or (position > 0 and not match["field"]):
             raise PodSetPathError(f"at path position '{position}' invalid path element '{element}'")
         if position > 0:
-            steps.append(match["field"])
+            steps.append((match["field"], position))
         for raw in _INDEX.findall(match["indices"]):
             if not raw.isdigit():
                 raise PodSetPathError(f"at path position '{position}' invalid index expression '{raw}'")
-            steps.append(int(raw))
+            steps.append((int(raw), position))
     return steps
+
+
+def parse_path(path: str) -> list[PathStep]:
+    """Split a pod-set path into steps after the leading ``template``: names and list indices."""
+    return [step for step, _ in _parse(path)]
 
 
 def get_at_path(template: Mapping[str, Any], path: str) -> Any:
     """The value at ``path``, where the leading ``template`` is ``template`` itself."""
     value: Any = template
-    for position, step in enumerate(parse_path(path)):
+    for step, position in _parse(path):
         value = _step(value, step, position)
     return value
 
@@ -84,23 +92,23 @@ def set_at_path(template: Mapping[str, Any], path: str, value: Any) -> dict[str,
     Every element up to the last must already exist: a pod-set path names a pod template that is
     in the object, so a missing parent is an error rather than something to create.
     """
-    steps = parse_path(path)
+    steps = _parse(path)
     if not steps:
         if not isinstance(value, Mapping):
             raise PodSetPathError("the whole template can only be replaced by an object")
         return copy.deepcopy(dict(value))
     result: dict[str, Any] = copy.deepcopy(dict(template))
     parent: Any = result
-    for position, step in enumerate(steps[:-1]):
+    for step, position in steps[:-1]:
         parent = _step(parent, step, position)
-    last = steps[-1]
+    last, position = steps[-1]
     if isinstance(last, int):
         if not isinstance(parent, list):
-            raise PodSetPathError(f"at path position '{len(steps) - 1}' found non-array value")
+            raise PodSetPathError(f"at path position '{position}' found non-array value")
         if last >= len(parent):
-            raise PodSetPathError(f"at path position '{len(steps) - 1}' out of bounds index '{last}'")
+            raise PodSetPathError(f"at path position '{position}' out of bounds index '{last}'")
     elif not isinstance(parent, dict):
-        raise PodSetPathError(f"at path position '{len(steps) - 1}' found non-map value")
+        raise PodSetPathError(f"at path position '{position}' found non-map value")
     parent[last] = copy.deepcopy(value)
     return result
 
@@ -291,7 +299,14 @@ def infer_pod_sets(template: Mapping[str, Any]) -> list[PodSet]:
 def _as_component(component: AppWrapperComponent | Mapping[str, Any]) -> AppWrapperComponent:
     if isinstance(component, AppWrapperComponent):
         return component
-    return AppWrapperComponent.model_validate(component)
+    try:
+        return AppWrapperComponent.model_validate(component)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in err['loc']) or '(component)'}: {err['msg']}"
+            for err in exc.errors(include_url=False)
+        )
+        raise AppWrapperError(f"malformed component: {problems}") from None
 
 
 def component_pod_sets(component: AppWrapperComponent | Mapping[str, Any]) -> list[PodSet]:
@@ -306,6 +321,13 @@ def total_pod_set_count(components: list[AppWrapperComponent]) -> int:
     return sum(max(len(c.pod_sets), len(infer_pod_sets(c.template))) for c in components)
 
 
+def _as_pod_set(pod_set: Any) -> PodSet:
+    try:
+        return PodSet.model_validate(pod_set)
+    except ValidationError as exc:
+        raise AppWrapperError(f"malformed pod set in status.componentStatus: {pod_set!r}") from exc
+
+
 def expected_pod_count(appwrapper_body: Mapping[str, Any]) -> int:
     """How many pods the workload should have: the sum of replicas over its pod sets.
 
@@ -317,7 +339,7 @@ def expected_pod_count(appwrapper_body: Mapping[str, Any]) -> int:
     recorded = status.get("componentStatus") if isinstance(status, Mapping) else None
     if isinstance(recorded, list) and recorded:
         return sum(
-            PodSet.model_validate(pod_set).count
+            _as_pod_set(pod_set).count
             for entry in recorded
             if isinstance(entry, Mapping)
             for pod_set in (entry.get("podSets") or [])
