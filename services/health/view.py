@@ -127,7 +127,8 @@ def view_of(observation: AppWrapperObservation, defaults: FaultTolerance) -> App
         expected = expected_pod_count(body)
     except Exception as exc:  # a malformed body must not stop the other rules
         expected = None
-        warnings.append(f"cannot compute the expected pod count ({exc}); pod-count checks are skipped")
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        warnings.append(f"cannot compute the expected pod count ({reason}); pod-count checks are skipped")
 
     managed_by = spec.get("managedBy")
     return AppWrapperView(
