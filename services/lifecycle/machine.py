@@ -217,6 +217,10 @@ class _Reconciliation:
                     break
             else:
                 self._requeue(self.now)
+            if self._is_true(ConditionType.RESOURCES_DEPLOYED) and not self.has_finalizer:
+                # Resources may exist: they must not outlive the AppWrapper undeleted, even if
+                # someone removed the finalizer by hand.
+                self.finalizer = FinalizerChange.ADD
         return self._plan()
 
     def _plan(self) -> Plan:
@@ -444,7 +448,11 @@ class _Reconciliation:
 
     def _fail(self, reason: str, message: str, nodes: tuple[str, ...] = ()) -> None:
         self._transition(Phase.FAILED, message, reason=reason, event_type="Warning", nodes=nodes)
-        if self.params.deletion_on_failure_grace > timedelta(0) and not self.suspend:
+        if (
+            self.params.deletion_on_failure_grace > timedelta(0)
+            and not self.suspend
+            and self._is_true(ConditionType.RESOURCES_DEPLOYED)
+        ):
             # The debugging window is measured from entering Failed. The condition is written
             # afresh: an earlier reset may have left DeletingResources False (DeletionComplete),
             # and keeping that old transition time would cut the window short.
@@ -615,10 +623,14 @@ class _Reconciliation:
         entries = self.status.get("componentStatus")
         entries = entries if isinstance(entries, list) else []
         expected = len(entries)
+        # Components created by the previous plan may have been observed before their creation
+        # (or through a lagging cache); their create outcome is the fresher truth.
+        just_created = set(self.observed.created) if self.start_phase == Phase.RESUMING else set()
         missing = sum(
             1
             for index in range(expected)
-            if self.observed.component(index).presence in (Presence.ABSENT, Presence.DELETING)
+            if index not in just_created
+            and self.observed.component(index).presence in (Presence.ABSENT, Presence.DELETING)
         )
         if missing:
             # A wrapped resource deleted by someone else: no controller will bring it back, so

@@ -462,6 +462,20 @@ def test_conflicting_pod_set_info_is_a_terminal_error_naming_component_path_and_
     assert not of(plan, CreateComponent)
 
 
+def test_a_component_observed_absent_just_before_its_create_is_not_reported_missing() -> None:
+    aw = appwrapper()
+    plan = reconcile(aw, Observed(), None, PARAMS, T0)
+    aw = apply(aw, plan)
+    stale = Observed(components=(ObservedComponent(Presence.ABSENT),), pods=(), created=outcomes_for(plan))
+    assert reconcile(aw, stale, None, PARAMS, T0).phase == Phase.RUNNING
+
+
+def test_a_finalizer_removed_by_hand_is_added_back_while_resources_may_exist() -> None:
+    aw = running()
+    aw["metadata"]["finalizers"] = []
+    assert reconcile(aw, present(1), None, PARAMS, T0).finalizer is FinalizerChange.ADD
+
+
 def test_suspend_while_resuming_goes_to_suspending() -> None:
     aw = appwrapper()
     aw = apply(aw, reconcile(aw, Observed(), None, PARAMS, T0))
