@@ -12,7 +12,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.testbed.cluster import Log, State, _http_ok, _quiet
+from shared.testbed.cluster import Log, State, _http_ok, _quiet, kubectl, wait_for
 from shared.testbed.errors import TestbedError
 from shared.testbed.ports import free_port
 from shared.testbed.process import Proc, start, stop_pid, wait_until
@@ -117,8 +117,32 @@ def start_service(
     return sp.pid
 
 
+CRD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "crd"
+
+
+def install_crd(kubeconfig: Path) -> None:
+    """Install Respawn's AppWrapper CRD (and its admission policy) and wait until it is served."""
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-k", str(CRD_DIR))
+    kubectl(
+        kubeconfig,
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/appwrappers.workload.codeflare.dev",
+    )
+    wait_for(
+        lambda: kubectl(kubeconfig, "get", "appwrappers", "-A", check=False).returncode == 0,
+        timeout=60,
+        what="the AppWrapper API to be served",
+    )
+
+
 def start_all(state: State, *, log: Log = _quiet) -> list[str]:
-    started = []
+    started: list[str] = []
+    if not any(implemented(s) for s in SERVICES):
+        return started
+    log("installing the AppWrapper CRD")
+    install_crd(state.kubeconfig)
     for service in SERVICES:
         if implemented(service) and service not in state.pids:
             log(f"starting service {service}")

@@ -1,0 +1,515 @@
+"""lifecycle: verdicts and observations → AppWrapper status, component creation and deletion.
+
+The only writer of AppWrapper status and the only creator/deleter of wrapped resources. All
+decisions are made by the pure :func:`services.lifecycle.machine.reconcile`; this module reads
+the cluster, calls it, and carries out its plan (see the machine's docstring for the order).
+
+Work arrives three ways, all leading to "reconcile AppWrapper ns/name":
+- verdicts (a durable consumer shared by all replicas: each verdict goes to one replica and is
+  acked only after the status write it causes has succeeded);
+- observations of AppWrappers, their pods and components (a shared durable consumer; they are
+  only triggers, the reconcile reads the authoritative state from the API server);
+- deadlines the machine asks for (``requeue_at``) and a periodic resync, so that a replica that
+  dies with timers pending loses nothing: another replica's resync picks the work up.
+
+Replicas may reconcile the same AppWrapper at once; the status write carries the
+resourceVersion, so one wins and the other recomputes from fresh state (never overwrites).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from opentelemetry import trace
+
+from services.lifecycle.actions import (
+    CreateComponent,
+    CreateOutcome,
+    CreateResult,
+    DeleteComponent,
+    EmitEvent,
+    ForceDeleteComponent,
+    ForceDeletePods,
+    LifecycleEventType,
+    PublishLifecycleEvent,
+)
+from services.lifecycle.hooks import hooks_for
+from services.lifecycle.machine import FinalizerChange, Plan, reconcile
+from services.lifecycle.observed import Observed, ObservedComponent, ObservedPod, Presence
+from services.lifecycle.templating import PodTemplateHook
+from services.lifecycle.verdicts import VerdictUse
+from shared import metrics, subjects
+from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, FINALIZER, KIND
+from shared.appwrapper.params import effective_fault_tolerance
+from shared.bus import Delivery, TransientError
+from shared.faulttolerance import FaultTolerance
+from shared.kube import Kube, KubeApiError, ResourceRef
+from shared.messages import AnyObservation, AppWrapperObservation, Message, Verdict
+from shared.runtime import Runtime, entry
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("respawn.lifecycle")
+
+COMPONENT = "respawn-lifecycle"
+MAX_PASSES = 6  # reconcile passes per trigger (creates feed their outcomes into the next pass)
+
+PHASES = metrics.counter("respawn_lifecycle_phase_transitions", "Phase transitions", ["phase"])
+RESETS = metrics.counter("respawn_lifecycle_resets", "Resets started, by cause", ["reason"])
+ESCALATIONS = metrics.counter(
+    "respawn_lifecycle_deletion_escalations", "Deletions escalated to grace period 0"
+)
+UNHEALTHY_TO_RESET = metrics.histogram(
+    "respawn_lifecycle_unhealthy_to_reset_seconds",
+    "From the first unhealthy observation to the reset's status write",
+)
+QUEUE = metrics.gauge("respawn_lifecycle_queue_depth", "AppWrappers waiting to be reconciled")
+CONFLICTS = metrics.counter(
+    "respawn_lifecycle_status_conflicts", "Status writes that lost to a newer version"
+)
+RECONCILES = metrics.counter("respawn_lifecycle_reconciles", "Reconcile passes, by outcome", ["outcome"])
+
+Key = tuple[str, str]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def key_of(message: Message) -> Key | None:
+    ref = getattr(message, "ref", None)
+    if ref is None:
+        return None
+    if isinstance(message, AppWrapperObservation | Verdict):
+        return ref.namespace, ref.name
+    appwrapper = getattr(message, "appwrapper", "")
+    return (ref.namespace, appwrapper) if appwrapper else None
+
+
+def _controller_uid(obj: Mapping[str, Any]) -> str:
+    for owner in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if owner.get("controller"):
+            return str(owner.get("uid", ""))
+    return ""
+
+
+class Lifecycle:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.kube: Kube = rt.require_kube()
+        self.defaults: FaultTolerance = rt.config.to_fault_tolerance()
+        self.hooks: Sequence[PodTemplateHook] = hooks_for(rt.config)
+        self.aw_ref: ResourceRef | None = None
+        self.pods_ref: ResourceRef | None = None
+        self.latest: dict[Key, Verdict] = {}
+        self.locks: dict[Key, asyncio.Lock] = {}
+        self.queue: asyncio.Queue[Key] = asyncio.Queue()
+        self.queued: set[Key] = set()
+        self.timers: list[tuple[datetime, Key]] = []
+        self.wake = asyncio.Event()
+        self.resync_seconds = float(os.environ.get("RESPAWN_LIFECYCLE_RESYNC_SECONDS", "30"))
+        self.workers = int(os.environ.get("RESPAWN_LIFECYCLE_WORKERS", "8"))
+
+    # ------------------------------------------------------------------ triggers
+
+    def enqueue(self, key: Key) -> None:
+        if key not in self.queued:
+            self.queued.add(key)
+            self.queue.put_nowait(key)
+            QUEUE.set(len(self.queued))
+
+    def requeue_at(self, when: datetime, key: Key) -> None:
+        heapq.heappush(self.timers, (when, key))
+        self.wake.set()
+
+    async def on_verdict(self, verdict: Verdict, delivery: Delivery) -> None:
+        key = (verdict.ref.namespace, verdict.ref.name)
+        known = self.latest.get(key)
+        if known is None or known.ref.uid != verdict.ref.uid or known.seq <= verdict.seq:
+            self.latest[key] = verdict
+        use = await self.reconcile_key(key, verdict)
+        if use is VerdictUse.HELD:
+            # Not applicable yet (e.g. the workload is still being created): keep it unacked.
+            raise TransientError(f"verdict for {key[0]}/{key[1]} held", delay=1.0)
+
+    async def on_observation(self, message: Message, delivery: Delivery) -> None:
+        key = key_of(message)
+        if key is not None and key[1]:
+            self.enqueue(key)
+
+    async def worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            self.queued.discard(key)
+            QUEUE.set(len(self.queued))
+            try:
+                await self.reconcile_key(key, self.latest.get(key))
+            except Exception:
+                log.exception("reconciling %s/%s failed; retrying in 1s", *key)
+                self.requeue_at(utcnow(), key)
+                await asyncio.sleep(1.0)
+
+    async def timer(self) -> None:
+        while True:
+            if not self.timers:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            when, key = self.timers[0]
+            delay = (when - utcnow()).total_seconds()
+            if delay > 0:
+                self.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), timeout=min(delay, 30.0))
+                continue
+            heapq.heappop(self.timers)
+            self.enqueue(key)
+
+    async def resync(self) -> None:
+        """Reconcile every AppWrapper that is not at rest, now and then (covers lost timers)."""
+        assert self.aw_ref is not None
+        while True:
+            try:
+                listing = await self.kube.list(self.aw_ref)
+                for aw in listing.get("items", []):
+                    meta = aw.get("metadata", {})
+                    phase = (aw.get("status") or {}).get("phase", "")
+                    at_rest = phase == "Running" and not meta.get("deletionTimestamp")
+                    if not at_rest:
+                        self.enqueue((meta.get("namespace", ""), meta.get("name", "")))
+            except KubeApiError as exc:
+                log.warning("resync list failed: %s", exc)
+            await asyncio.sleep(self.resync_seconds)
+
+    # ------------------------------------------------------------------ reconcile
+
+    async def reconcile_key(self, key: Key, verdict: Verdict | None) -> VerdictUse:
+        lock = self.locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            with tracer.start_as_current_span(
+                "lifecycle.reconcile", attributes={"appwrapper.namespace": key[0], "appwrapper.name": key[1]}
+            ):
+                return await self._reconcile(key, verdict)
+
+    async def _reconcile(self, key: Key, verdict: Verdict | None) -> VerdictUse:
+        assert self.aw_ref is not None
+        created: dict[int, CreateOutcome] = {}
+        use = VerdictUse.NONE
+        for _ in range(MAX_PASSES):
+            try:
+                aw = await self.kube.get(self.aw_ref, key[1], key[0])
+            except KubeApiError as exc:
+                if exc.not_found:
+                    self.latest.pop(key, None)
+                    RECONCILES.labels(outcome="gone").inc()
+                    return VerdictUse.SETTLED
+                raise TransientError(f"reading AppWrapper {key[0]}/{key[1]}: {exc}") from exc
+            aw.setdefault("apiVersion", API_VERSION)
+            aw.setdefault("kind", KIND)
+            annotations = (aw.get("metadata") or {}).get("annotations") or {}
+            params = effective_fault_tolerance(annotations, self.defaults).ft
+            observed = await self.observe(aw, created)
+            now = utcnow()
+            plan = reconcile(aw, observed, verdict, params, now, hooks=self.hooks)
+            if verdict is not None and plan.verdict_use is not VerdictUse.NONE:
+                use = plan.verdict_use
+            if plan.empty:
+                RECONCILES.labels(outcome="idle").inc()
+                return use
+            try:
+                outcomes = await self.carry_out(aw, plan, verdict)
+            except KubeApiError as exc:
+                if exc.conflict:
+                    # Someone else wrote first: recompute from the fresh object, never overwrite.
+                    CONFLICTS.inc()
+                    RECONCILES.labels(outcome="conflict").inc()
+                    created = {}
+                    continue
+                raise TransientError(f"writing AppWrapper {key[0]}/{key[1]}: {exc}") from exc
+            if plan.requeue_at is not None:
+                self.requeue_at(plan.requeue_at, key)
+            creates = [a for a in plan.actions if isinstance(a, CreateComponent)]
+            if not creates:
+                RECONCILES.labels(outcome="done").inc()
+                return use
+            created = outcomes
+        RECONCILES.labels(outcome="passes-exhausted").inc()
+        self.requeue_at(utcnow(), key)
+        return use
+
+    async def observe(self, aw: Mapping[str, Any], created: Mapping[int, CreateOutcome]) -> Observed:
+        meta = aw.get("metadata") or {}
+        namespace, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
+        spec_components = (aw.get("spec") or {}).get("components") or []
+        statuses = (aw.get("status") or {}).get("componentStatus") or []
+        components: list[ObservedComponent] = []
+        for index, comp in enumerate(spec_components):
+            template = comp.get("template") if isinstance(comp, Mapping) else None
+            if not isinstance(template, Mapping):
+                components.append(ObservedComponent())
+                continue
+            comp_name = ""
+            if index < len(statuses) and isinstance(statuses[index], Mapping):
+                comp_name = str(statuses[index].get("name") or "")
+            comp_name = comp_name or str((template.get("metadata") or {}).get("name") or "")
+            if index in created and created[index].name:
+                comp_name = created[index].name
+            components.append(await self.observe_component(template, namespace, comp_name, uid))
+        pods: tuple[ObservedPod, ...] | None
+        try:
+            assert self.pods_ref is not None
+            listing = await self.kube.list(
+                self.pods_ref, namespace, labelSelector=f"{APPWRAPPER_LABEL}={name}"
+            )
+            pods = tuple(
+                ObservedPod(
+                    name=p["metadata"]["name"],
+                    phase=(p.get("status") or {}).get("phase") or "Pending",
+                    terminating=bool(p["metadata"].get("deletionTimestamp")),
+                )
+                for p in listing.get("items", [])
+            )
+        except KubeApiError as exc:
+            log.warning("listing pods of %s/%s failed: %s", namespace, name, exc)
+            pods = None
+        return Observed(components=tuple(components), pods=pods, created=dict(created))
+
+    async def observe_component(
+        self, template: Mapping[str, Any], namespace: str, name: str, aw_uid: str
+    ) -> ObservedComponent:
+        if not name:
+            return ObservedComponent(presence=Presence.ABSENT)
+        try:
+            ref = await self.kube.resource(str(template.get("apiVersion", "")), str(template.get("kind", "")))
+            obj = await self.kube.get(ref, name, namespace if ref.namespaced else None)
+        except KubeApiError as exc:
+            if exc.not_found:
+                return ObservedComponent(presence=Presence.ABSENT, name=name)
+            return ObservedComponent(presence=Presence.UNKNOWN, name=name)
+        presence = Presence.DELETING if obj["metadata"].get("deletionTimestamp") else Presence.PRESENT
+        return ObservedComponent(
+            presence=presence, controlled_by_us=_controller_uid(obj) == aw_uid, name=name
+        )
+
+    # ------------------------------------------------------------------ carrying out a plan
+
+    async def carry_out(
+        self, aw: dict[str, Any], plan: Plan, verdict: Verdict | None
+    ) -> dict[int, CreateOutcome]:
+        """Carry out ``plan``; returns the outcome of each CreateComponent by component index."""
+        assert self.aw_ref is not None
+        meta = aw["metadata"]
+        resource_version = plan.resource_version or meta.get("resourceVersion", "")
+        if plan.finalizer is FinalizerChange.ADD and FINALIZER not in (meta.get("finalizers") or []):
+            body = {**aw, "metadata": {**meta, "finalizers": [*(meta.get("finalizers") or []), FINALIZER]}}
+            body["metadata"]["resourceVersion"] = resource_version
+            updated = await self.kube.replace(self.aw_ref, body)
+            # Only the finalizer changed, and we changed it: the plan still holds.
+            resource_version = updated["metadata"]["resourceVersion"]
+            aw = updated
+        if plan.status is not None:
+            body = {**aw, "status": plan.status}
+            body["metadata"] = {**aw["metadata"], "resourceVersion": resource_version}
+            written = await self.kube.replace_status(self.aw_ref, body)
+            aw = written
+            self.record_transition(aw, plan, verdict)
+        outcomes: dict[int, CreateOutcome] = {}
+        for action in plan.actions:
+            if isinstance(action, CreateComponent):
+                with tracer.start_as_current_span(
+                    "lifecycle.create_component", attributes={"component": action.index}
+                ):
+                    outcomes[action.index] = await self.create(action, meta.get("uid", ""))
+            else:
+                await self.act(aw, action)
+        if plan.finalizer is FinalizerChange.REMOVE:
+            fresh = await self.kube.get(self.aw_ref, meta["name"], meta.get("namespace"))
+            finalizers = [f for f in fresh["metadata"].get("finalizers") or [] if f != FINALIZER]
+            if len(finalizers) != len(fresh["metadata"].get("finalizers") or []):
+                await self.kube.patch(
+                    self.aw_ref,
+                    meta["name"],
+                    [
+                        {
+                            "op": "test",
+                            "path": "/metadata/resourceVersion",
+                            "value": fresh["metadata"]["resourceVersion"],
+                        },
+                        {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
+                    ],
+                    meta.get("namespace"),
+                    patch_type="application/json-patch+json",
+                )
+        return outcomes
+
+    def record_transition(self, aw: Mapping[str, Any], plan: Plan, verdict: Verdict | None) -> None:
+        for action in plan.actions:
+            if not isinstance(action, PublishLifecycleEvent):
+                continue
+            event = action.event
+            if event.event == LifecycleEventType.PHASE_CHANGED:
+                PHASES.labels(phase=event.phase).inc()
+            elif event.event == LifecycleEventType.RESET_STARTED:
+                RESETS.labels(reason=event.reason or "-").inc()
+                if verdict is not None and verdict.first_unhealthy_at is not None:
+                    UNHEALTHY_TO_RESET.observe(
+                        max(0.0, (utcnow() - verdict.first_unhealthy_at).total_seconds())
+                    )
+            elif event.event == LifecycleEventType.DELETION_FORCEFUL:
+                ESCALATIONS.inc()
+
+    async def act(self, aw: Mapping[str, Any], action: object) -> None:
+        meta = aw["metadata"]
+        namespace = meta.get("namespace", "")
+        if isinstance(action, DeleteComponent | ForceDeleteComponent):
+            grace = 0 if isinstance(action, ForceDeleteComponent) else None
+            span = "lifecycle.force_delete_component" if grace == 0 else "lifecycle.delete_component"
+            with tracer.start_as_current_span(span, attributes={"component": action.index}):
+                try:
+                    ref = await self.kube.resource(action.api_version, action.kind)
+                    await self.kube.delete(
+                        ref,
+                        action.name,
+                        action.namespace if ref.namespaced else None,
+                        grace_period_seconds=grace,
+                    )
+                except KubeApiError as exc:
+                    if not exc.not_found:
+                        log.warning("deleting %s %s/%s failed: %s", action.kind, namespace, action.name, exc)
+        elif isinstance(action, ForceDeletePods):
+            assert self.pods_ref is not None
+            with tracer.start_as_current_span(
+                "lifecycle.force_delete_pods", attributes={"pods": len(action.names)}
+            ):
+                for pod in action.names:
+                    try:
+                        await self.kube.delete(self.pods_ref, pod, action.namespace, grace_period_seconds=0)
+                    except KubeApiError as exc:
+                        log.warning("force-deleting pod %s/%s failed: %s", action.namespace, pod, exc)
+        elif isinstance(action, EmitEvent):
+            try:
+                await self.kube.create_event(
+                    aw,
+                    type_=action.type,
+                    reason=action.reason,
+                    message=action.message,
+                    component=COMPONENT,
+                    now_iso=utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
+                )
+            except KubeApiError as exc:  # events are best effort, never a reason to stop
+                log.warning(
+                    "recording event %s on %s/%s failed: %s", action.reason, namespace, meta["name"], exc
+                )
+        elif isinstance(action, PublishLifecycleEvent):
+            event = action.event
+            await self.rt.bus.publish(
+                subjects.lifecycle_event(event.ref.namespace, event.ref.name), event, msg_id=action.msg_id
+            )
+            log.info(
+                "%s/%s %s %s%s",
+                event.ref.namespace,
+                event.ref.name,
+                event.event,
+                event.phase,
+                f" ({event.reason}: {event.message})" if event.reason else "",
+            )
+
+    async def create(self, action: CreateComponent, aw_uid: str) -> CreateOutcome:
+        body = action.body
+        api_version, kind = str(body.get("apiVersion", "")), str(body.get("kind", ""))
+        namespace = str((body.get("metadata") or {}).get("namespace") or "")
+        try:
+            ref = await self.kube.resource(api_version, kind)
+        except KubeApiError as exc:
+            if exc.not_found:
+                return CreateOutcome(CreateResult.NO_MATCH, message=exc.message)
+            return CreateOutcome(CreateResult.ERROR, message=exc.message)
+        try:
+            created = await self.kube.create(ref, body, namespace if ref.namespaced else None)
+            return CreateOutcome(CreateResult.CREATED, name=created["metadata"]["name"])
+        except KubeApiError as exc:
+            if exc.already_exists:
+                name = str((body.get("metadata") or {}).get("name") or "")
+                try:
+                    existing = await self.kube.get(ref, name, namespace if ref.namespaced else None)
+                except KubeApiError as get_exc:
+                    return CreateOutcome(CreateResult.ERROR, name=name, message=get_exc.message)
+                ours = _controller_uid(existing) == aw_uid
+                return CreateOutcome(
+                    CreateResult.ALREADY_EXISTS, name=name, controlled_by_us=ours, message=exc.message
+                )
+            if exc.invalid:
+                return CreateOutcome(CreateResult.INVALID, message=exc.message)
+            if exc.not_found and "namespaces" in exc.message:
+                return CreateOutcome(CreateResult.ERROR, message=exc.message)
+            return CreateOutcome(CreateResult.ERROR, message=exc.message)
+
+    # ------------------------------------------------------------------ main
+
+    async def resolve(self, api_version: str, kind: str) -> ResourceRef:
+        """Wait for a kind to be served (e.g. the CRD installed after the controller)."""
+        delay = 0.5
+        while True:
+            try:
+                return await self.kube.resource(api_version, kind)
+            except KubeApiError as exc:
+                log.warning("%s %s not available yet (%s); retrying in %.0fs", api_version, kind, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def run(self) -> None:
+        self.aw_ref = await self.resolve(API_VERSION, KIND)
+        self.pods_ref = await self.resolve("v1", "Pod")
+        tasks = [
+            asyncio.create_task(self.worker(), name=f"lifecycle-worker-{i}") for i in range(self.workers)
+        ]
+        tasks.append(asyncio.create_task(self.timer(), name="lifecycle-timers"))
+        tasks.append(asyncio.create_task(self.resync(), name="lifecycle-resync"))
+        verdicts = await self.rt.bus.consume(
+            subjects.VERDICTS_STREAM,
+            "lifecycle-verdicts",
+            subjects.verdict_filter(),
+            Verdict,
+            self.on_verdict,
+            max_deliver=100_000,  # held verdicts are redelivered until they apply
+            ack_wait=60.0,
+        )
+        observations = await self.rt.bus.consume(
+            subjects.OBSERVATIONS_STREAM,
+            "lifecycle-observations",
+            subjects.appwrapper_obs_filter(),
+            AnyObservation,
+            self.on_observation,
+            deliver_policy=_deliver_new(),
+        )
+        self.rt.add_check("consumers", lambda: verdicts.running and observations.running)
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+def _deliver_new() -> Any:
+    # A durable created for the first time starts at the current end of the stream: the initial
+    # resync covers existing AppWrappers, and verdicts from before this controller ran are old.
+    from nats.js import api
+
+    return api.DeliverPolicy.NEW
+
+
+async def main(rt: Runtime) -> None:
+    await Lifecycle(rt).run()
+
+
+def run() -> None:
+    entry("lifecycle", main)
+
+
+__all__ = ["Lifecycle", "key_of", "run"]
