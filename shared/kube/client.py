@@ -110,6 +110,18 @@ def _error_from(exc: ApiException) -> KubeApiError:
     return KubeApiError(int(exc.status or 0), str(exc.reason or ""), message, body)
 
 
+def _error_from_body(status: int, reason: str, raw: bytes) -> KubeApiError:
+    body: dict[str, Any] = {}
+    message = reason
+    if raw:
+        try:
+            body = json.loads(raw)
+            message = str(body.get("message") or message)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            message = raw[:500].decode(errors="replace")
+    return KubeApiError(status, reason, message, body)
+
+
 class Kube:
     """An authenticated connection to one API server."""
 
@@ -162,6 +174,10 @@ class Kube:
         except (TimeoutError, OSError) as exc:
             raise KubeApiError(0, "Unavailable", f"{method} {path}: {exc!r}") from exc
         raw = await resp.read()
+        status = int(getattr(resp, "status", 200))
+        if status >= 400:
+            # Without preloading, kubernetes_asyncio hands back error answers instead of raising.
+            raise _error_from_body(status, str(getattr(resp, "reason", "") or ""), raw)
         data: dict[str, Any] = json.loads(raw) if raw else {}
         return data
 
@@ -182,6 +198,11 @@ class Kube:
             )
         except ApiException as exc:
             raise _error_from(exc) from exc
+        status = int(getattr(resp, "status", 200))
+        if status >= 400:
+            raw = await resp.read()
+            resp.release()
+            raise _error_from_body(status, str(getattr(resp, "reason", "") or ""), raw)
         try:
             while True:
                 line = await resp.content.readline()
