@@ -36,9 +36,9 @@ def token(name: str) -> str:
 def untoken(tok: str) -> str:
     if tok == "%00":
         return ""
-    return (
-        tok.replace("%20", " ").replace("%3E", ">").replace("%2A", "*").replace("%2E", ".").replace("%25", "%")
-    )
+    for escaped, char in (("%20", " "), ("%3E", ">"), ("%2A", "*"), ("%2E", "."), ("%25", "%")):
+        tok = tok.replace(escaped, char)
+    return tok
 
 
 def appwrapper_obs(namespace: str, appwrapper: str, kind: str, name: str) -> str:

@@ -1,0 +1,294 @@
+"""Benchmarks for the health service. Prints figures; asserts nothing.
+
+throughput  one health process consuming observations from JetStream (decode, fold in,
+            evaluate, publish verdicts when due, ack), against a real nats-server
+latency     on a running testbed with services (`respawn local up --nodes 80`): from a pod's
+            Failed status write in the API server to the Unhealthy verdict on the stream,
+            with FailureGracePeriod 0
+
+.venv/bin/python -m bench.health throughput [--appwrappers 2000] [--pods 8]
+.venv/bin/python -m bench.health latency --state-dir .respawn [--appwrappers 1000] [--pods 8] [--samples 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import nats
+
+from bench.common import fmt_ms, percentiles, usage
+from shared import subjects
+from shared.bus import Bus
+from shared.messages import AppWrapperObservation, ContainerState, ObjectRef, PodObservation, Verdict, decode
+from shared.testbed.nats import start_nats
+from shared.testbed.ports import free_port
+from shared.testbed.process import start, stop_pid, wait_until
+
+
+def _aw_body(ns: str, name: str, uid: str, pods: int, deployed: str) -> dict[str, Any]:
+    cond = {
+        "type": "ResourcesDeployed",
+        "status": "True",
+        "lastTransitionTime": deployed,
+        "reason": "Resuming",
+    }
+    return {
+        "apiVersion": "workload.codeflare.dev/v1beta2",
+        "kind": "AppWrapper",
+        "metadata": {"name": name, "namespace": ns, "uid": uid, "annotations": {}},
+        "spec": {
+            "components": [
+                {
+                    "template": {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "metadata": {"name": name},
+                        "spec": {
+                            "parallelism": pods,
+                            "completions": pods,
+                            "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}},
+                        },
+                    }
+                }
+            ]
+        },
+        "status": {
+            "phase": "Running",
+            "resettingCount": 0,
+            "conditions": [cond],
+            "componentStatus": [
+                {
+                    "name": name,
+                    "kind": "Job",
+                    "apiVersion": "batch/v1",
+                    "podSets": [{"replicas": pods, "path": "template.spec.template"}],
+                }
+            ],
+        },
+    }
+
+
+async def throughput(appwrappers: int, pods: int) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="respawn-bench-"))
+    server = start_nats(tmp / "nats")
+    proc = None
+    try:
+        bus = await Bus.connect(server.url, name="bench")
+        await bus.ensure_streams()
+        port = free_port()
+        env = {
+            **os.environ,
+            "NATS_URL": server.url,
+            "RESPAWN_INSTANCE": "bench",
+            "RESPAWN_PROBE_PORT": str(port),
+            "RESPAWN_PROBE_LOOPBACK": "1",
+            "RESPAWN_LOG_LEVEL": "WARNING",
+        }
+        proc = start("health", [sys.executable, "-m", "services.health"], tmp / "health.log", env=env)
+        from shared.testbed.cluster import _http_ok
+
+        wait_until(proc, lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"), timeout=60, what="ready")
+        cpu0 = usage(proc.pid)
+
+        now = datetime.now(UTC)
+        deployed = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        messages: list[tuple[str, Any, str]] = []
+        for i in range(appwrappers):
+            ns, name, uid = "bench", f"aw-{i}", f"uid-{i}"
+            body = _aw_body(ns, name, uid, pods, deployed)
+            obs = AppWrapperObservation(
+                ref=ObjectRef(namespace=ns, name=name, uid=uid), observed_at=now, body=body
+            )
+            messages.append((subjects.appwrapper_obs(ns, name, "appwrapper", name), obs, f"aw:{uid}"))
+            for p in range(pods):
+                pod = PodObservation(
+                    ref=ObjectRef(namespace=ns, name=f"{name}-{p}", uid=f"{uid}-{p}"),
+                    appwrapper=name,
+                    observed_at=now,
+                    created_at=now,
+                    phase="Running",
+                    node_name=f"node-{p % 4}",
+                    scheduled=True,
+                    containers=(ContainerState(name="c", state="running", ready=True),),
+                )
+                messages.append(
+                    (subjects.appwrapper_obs(ns, name, "pod", f"{name}-{p}"), pod, f"pod:{uid}-{p}")
+                )
+        total = len(messages)
+        js = bus.js
+        t_pub = time.perf_counter()
+        window = 512
+        for start_at in range(0, total, window):
+            chunk = messages[start_at : start_at + window]
+            await asyncio.gather(
+                *(js.publish(s, m.encode(), headers={"Nats-Msg-Id": i}) for s, m, i in chunk)
+            )
+        pub_s = time.perf_counter() - t_pub
+
+        info = await js.stream_info(subjects.OBSERVATIONS_STREAM)
+        last_seq = info.state.last_seq
+        t_first = None
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            ci = await js.consumer_info(subjects.OBSERVATIONS_STREAM, "health-bench")
+            if t_first is None and ci.delivered.stream_seq > 0:
+                t_first = time.perf_counter()
+            if ci.ack_floor.stream_seq >= last_seq:
+                break
+            await asyncio.sleep(0.02)
+        t_done = time.perf_counter()
+        cpu1 = usage(proc.pid)
+        verdicts = (await js.stream_info(subjects.VERDICTS_STREAM)).state.messages
+        elapsed = t_done - (t_first or t_pub)
+        print(
+            f"health throughput: {total} observations ({appwrappers} AppWrappers x {pods} pods + AppWrapper)"
+        )
+        print(f"  published in {pub_s:.2f}s ({total / pub_s:,.0f} msg/s, bench publisher)")
+        print(
+            f"  consumed, evaluated and acked by one health process in {elapsed:.2f}s "
+            f"-> {total / elapsed:,.0f} obs/s"
+        )
+        print(f"  verdicts published: {verdicts}")
+        print(
+            f"  health process: cpu {cpu1.cpu_seconds - cpu0.cpu_seconds:.2f}s, "
+            f"rss {cpu1.rss_mib:.0f} MiB, peak rss {cpu1.peak_rss_mib:.0f} MiB"
+        )
+        await bus.close()
+    finally:
+        if proc is not None:
+            stop_pid(proc.pid)
+        server.stop()
+
+
+async def latency(state_dir: Path, appwrappers: int, pods: int, samples: int) -> None:
+    from shared.kube import Kube
+    from shared.testbed.cluster import State
+
+    state = State.load(state_dir)
+    if state is None:
+        raise SystemExit(
+            f"no testbed in {state_dir}; run: respawn local up --state-dir {state_dir} --nodes 80"
+        )
+    kube = await Kube.connect(state.kubeconfig)
+    aw_ref = await kube.resource("workload.codeflare.dev/v1beta2", "AppWrapper")
+    pod_ref = await kube.resource("v1", "Pod")
+    ns_ref = await kube.resource("v1", "Namespace")
+    ns = f"bench-{int(time.time())}"
+    await kube.create(ns_ref, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    t0 = time.perf_counter()
+    sem = asyncio.Semaphore(32)
+
+    async def create(i: int) -> None:
+        aw = _aw_body(ns, f"aw-{i}", "", pods, "")
+        aw.pop("status")
+        aw["metadata"].pop("uid")
+        aw["metadata"]["annotations"] = {
+            "workload.codeflare.dev.appwrapper/failureGracePeriodDuration": "0s",
+            "workload.codeflare.dev.appwrapper/retryLimit": "0",
+        }
+        aw["spec"]["components"][0]["template"]["spec"]["template"]["spec"]["restartPolicy"] = "Never"
+        async with sem:
+            await kube.create(aw_ref, aw, ns)
+
+    await asyncio.gather(*(create(i) for i in range(appwrappers)))
+    print(
+        f"created {appwrappers} AppWrappers in {time.perf_counter() - t0:.1f}s; waiting for all pods Running"
+    )
+    while True:
+        listing = await kube.list(pod_ref, ns, fieldSelector="status.phase=Running")
+        running = len(listing.get("items", []))
+        if running >= appwrappers * pods:
+            break
+        print(
+            f"  {running}/{appwrappers * pods} pods running after {time.perf_counter() - t0:.0f}s", flush=True
+        )
+        await asyncio.sleep(5)
+    print(f"all {appwrappers * pods} pods Running after {time.perf_counter() - t0:.1f}s")
+    await asyncio.sleep(2)  # let health see the Running state of every pod before injecting faults
+
+    nc = await nats.connect(state.nats_url)
+    received: dict[str, float] = {}
+
+    async def on_verdict(msg: Any) -> None:
+        v = decode(Verdict, msg.data)
+        if v.state == "Unhealthy" and v.ref.name not in received:
+            received[v.ref.name] = time.perf_counter()
+
+    await nc.subscribe(f"{subjects.VERDICT_PREFIX}.{subjects.token(ns)}.*", cb=on_verdict)
+    listing = await kube.list(pod_ref, ns)
+    by_aw: dict[str, str] = {}
+    for p in listing["items"]:
+        aw = p["metadata"]["labels"].get("workload.codeflare.dev/appwrapper", "")
+        by_aw.setdefault(aw, p["metadata"]["name"])
+    sent: dict[str, float] = {}
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for name in sorted(by_aw)[:samples]:
+        patch = {
+            "status": {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {
+                        "name": "c",
+                        "image": "x",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": now}},
+                    }
+                ],
+            }
+        }
+        sent[name] = time.perf_counter()
+        await kube.patch(pod_ref, by_aw[name], patch, ns, subresource="status")
+        await asyncio.sleep(0.05)
+    deadline = time.monotonic() + 60
+    while len(received) < len(sent) and time.monotonic() < deadline:  # noqa: ASYNC110 - polling a deadline
+        await asyncio.sleep(0.1)
+    lat = [received[n] - sent[n] for n in sent if n in received]
+    print(
+        f"pod Failed status write -> Unhealthy verdict on the stream "
+        f"({appwrappers} AppWrappers x {pods} pods running, FailureGracePeriod 0):"
+    )
+    print(f"  {fmt_ms(percentiles(lat))}; missing: {len(sent) - len(lat)}")
+    for name, pid in sorted(state.pids.items()):
+        if name in ("watcher", "health", "lifecycle", "autopilot"):
+            u = usage(pid)
+            print(
+                f"  {name}: cpu {u.cpu_seconds:.1f}s, rss {u.rss_mib:.0f} MiB, "
+                f"peak rss {u.peak_rss_mib:.0f} MiB"
+            )
+    print(json.dumps({"namespace": ns}))
+    await nc.close()
+    await kube.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("throughput")
+    t.add_argument("--appwrappers", type=int, default=2000)
+    t.add_argument("--pods", type=int, default=8)
+    lat = sub.add_parser("latency")
+    lat.add_argument("--state-dir", type=Path, default=Path(".respawn"))
+    lat.add_argument("--appwrappers", type=int, default=1000)
+    lat.add_argument("--pods", type=int, default=8)
+    lat.add_argument("--samples", type=int, default=100)
+    args = parser.parse_args()
+    if args.cmd == "throughput":
+        asyncio.run(throughput(args.appwrappers, args.pods))
+    else:
+        asyncio.run(latency(args.state_dir.resolve(), args.appwrappers, args.pods, args.samples))
+
+
+if __name__ == "__main__":
+    main()
