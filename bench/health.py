@@ -143,7 +143,10 @@ async def throughput(appwrappers: int, pods: int) -> None:
             if t_first is None and ci.delivered.stream_seq > 0:
                 t_first = time.perf_counter()
             if ci.ack_floor.stream_seq >= last_seq:
-                break
+                # Acked is not the end: every AppWrapper's verdict must be on the stream too.
+                verdicts_now = (await js.stream_info(subjects.VERDICTS_STREAM)).state.messages
+                if verdicts_now >= appwrappers:
+                    break
             await asyncio.sleep(0.02)
         t_done = time.perf_counter()
         cpu1 = usage(proc.pid)
@@ -154,7 +157,7 @@ async def throughput(appwrappers: int, pods: int) -> None:
         )
         print(f"  published in {pub_s:.2f}s ({total / pub_s:,.0f} msg/s, bench publisher)")
         print(
-            f"  consumed, evaluated and acked by one health process in {elapsed:.2f}s "
+            f"  consumed, evaluated, acked and verdicts published by one health process in {elapsed:.2f}s "
             f"-> {total / elapsed:,.0f} obs/s"
         )
         print(f"  verdicts published: {verdicts}")

@@ -25,7 +25,7 @@ from nats.js import api
 from services.health.rules import evaluate
 from services.health.state import AppWrapperHealth, apply, remember_published
 from shared import metrics, subjects
-from shared.bus import Delivery, TransientError
+from shared.bus import Delivery
 from shared.messages import (
     AnyObservation,
     AppWrapperObservation,
@@ -46,10 +46,13 @@ VERDICTS = metrics.counter(
 )
 TRACKED = metrics.gauge("respawn_health_appwrappers", "AppWrappers tracked in memory")
 EVAL_SECONDS = metrics.histogram(
-    "respawn_health_evaluation_seconds", "Time to fold one observation in and evaluate its AppWrapper"
+    "respawn_health_evaluation_round_seconds",
+    "Time to evaluate every AppWrapper touched since the last round",
 )
 
 Key = tuple[str, str]
+
+EVAL_WINDOW = 256
 
 
 def utcnow() -> datetime:
@@ -70,7 +73,8 @@ class HealthService:
         self.node_verdicts: dict[str, NodeVerdict] = {}
         self.deadlines: list[tuple[datetime, Key]] = []
         self.wake = asyncio.Event()
-        self.lock = asyncio.Lock()
+        self.dirty: set[Key] = set()
+        self.dirty_event = asyncio.Event()
         self.caught_up = False
 
     # ------------------------------------------------------------------ state
@@ -100,10 +104,8 @@ class HealthService:
         if state is None:
             return
         decision = evaluate(state, now)
-        if decision.verdict is not None:
-            v = decision.verdict
-            # Publish before keeping the new state: if this fails the message is redelivered
-            # and the same verdict (same id) is decided again.
+        v = decision.verdict
+        if v is not None:
             await self.rt.bus.publish(subjects.verdict(key[0], key[1]), v, msg_id=decision.msg_id)
             VERDICTS.labels(state=v.state, reason=v.reason or "-").inc()
             log.info(
@@ -114,14 +116,56 @@ class HealthService:
                 v.reason,
                 f": {v.message}" if v.message else "",
             )
-        self.states[key] = decision.state
-        if decision.verdict is not None and decision.verdict.state == "Deleted":
-            self.states.pop(key, None)
-            TRACKED.set(len(self.states))
-            return
+            if v.state == "Deleted":
+                self.states.pop(key, None)
+                TRACKED.set(len(self.states))
+                return
+            # Observations folded in while the publish was in flight are kept: only record the
+            # verdict on the *current* state (the decision changes nothing else).
+            current = self.states.get(key)
+            if current is not None:
+                self.states[key] = remember_published(current, v)
         if decision.next_deadline is not None:
             heapq.heappush(self.deadlines, (decision.next_deadline, key))
             self.wake.set()
+
+    async def evaluate_many(self, keys: list[Key]) -> None:
+        """Evaluate AppWrappers concurrently in windows; each one's verdict is independent."""
+        now = utcnow()
+        for start in range(0, len(keys), EVAL_WINDOW):
+            window = keys[start : start + EVAL_WINDOW]
+            results = await asyncio.gather(
+                *(self.evaluate(key, now) for key in window), return_exceptions=True
+            )
+            for key, result in zip(window, results, strict=True):
+                if isinstance(result, BaseException):
+                    log.warning("evaluating %s/%s failed (%s); retrying shortly", key[0], key[1], result)
+                    self.mark_dirty(key, retry=True)
+
+    def mark_dirty(self, key: Key, *, retry: bool = False) -> None:
+        if retry:
+            heapq.heappush(self.deadlines, (utcnow(), key))
+            self.wake.set()
+            return
+        self.dirty.add(key)
+        self.dirty_event.set()
+
+    async def evaluator(self) -> None:
+        """Evaluate every AppWrapper touched since the last round.
+
+        Observations are only folded in by the consumer (and acked at once: a restarted replica
+        replays the whole observation stream, so an ack never stands for a verdict not yet
+        published). Under load one round covers many observations of the same AppWrapper, so
+        an 8-pod workload starting up costs one evaluation, not nine; when idle a round starts
+        as soon as an observation arrives.
+        """
+        while True:
+            await self.dirty_event.wait()
+            self.dirty_event.clear()
+            keys = list(self.dirty)
+            self.dirty.clear()
+            with EVAL_SECONDS.time():
+                await self.evaluate_many(keys)
 
     async def on_observation(self, message: Message, delivery: Delivery) -> None:
         if isinstance(message, NodeObservation):
@@ -129,34 +173,25 @@ class HealthService:
         key = self.key_of(message)
         if key is None:
             return
-        with EVAL_SECONDS.time():
-            async with self.lock:
-                self.states[key] = apply(self.state_for(key), message)  # type: ignore[arg-type]
-                if self.caught_up:
-                    await self.evaluate(key, utcnow())
-                elif delivery.num_pending == 0:
-                    await self.catch_up()
+        self.states[key] = apply(self.state_for(key), message)  # type: ignore[arg-type]
+        if self.caught_up:
+            self.mark_dirty(key)
+        elif delivery.num_pending == 0:
+            self.catch_up()
 
     async def on_node_verdict(self, message: NodeVerdict, delivery: Delivery) -> None:
-        async with self.lock:
-            self.node_verdicts[message.resource] = message
-            for key, state in list(self.states.items()):
-                self.states[key] = apply(state, message)
+        self.node_verdicts[message.resource] = message
+        for key, state in list(self.states.items()):
+            self.states[key] = apply(state, message)
             if self.caught_up:
-                now = utcnow()
-                for key in list(self.states):
-                    await self.evaluate(key, now)
+                self.mark_dirty(key)
 
-    async def catch_up(self) -> None:
+    def catch_up(self) -> None:
         """The replay is complete: judge everything once, from now on judge as things arrive."""
         self.caught_up = True
-        now = utcnow()
         log.info("replayed %d AppWrappers; evaluating", len(self.states))
-        for key in list(self.states):
-            try:
-                await self.evaluate(key, now)
-            except Exception as exc:
-                raise TransientError(f"publishing verdicts after replay failed: {exc}") from exc
+        for key in self.states:
+            self.mark_dirty(key)
 
     async def timer(self) -> None:
         """Evaluate AppWrappers whose deadline has passed (deadlines are computed, not slept on)."""
@@ -173,15 +208,8 @@ class HealthService:
                     await asyncio.wait_for(self.wake.wait(), timeout=min(delay, 60.0))
                 continue
             heapq.heappop(self.deadlines)
-            if not self.caught_up:
-                continue
-            async with self.lock:
-                try:
-                    await self.evaluate(key, utcnow())
-                except Exception:
-                    log.exception("evaluating %s/%s at its deadline failed; retrying shortly", *key)
-                    heapq.heappush(self.deadlines, (utcnow(), key))
-                    await asyncio.sleep(1.0)
+            if self.caught_up:
+                self.mark_dirty(key)
 
     # ------------------------------------------------------------------ start-up
 
@@ -215,9 +243,11 @@ class HealthService:
         log.info("seeded %d last verdicts", count)
 
     async def run(self) -> None:
+        self.rt.add_check("replayed", lambda: self.caught_up)
         await self.seed_last_verdicts()
         me = f"health-{instance_id()}"
         timer = asyncio.create_task(self.timer(), name="health-deadlines")
+        evaluator = asyncio.create_task(self.evaluator(), name="health-evaluator")
         await self.rt.bus.consume(
             subjects.NODE_VERDICTS_STREAM,
             f"{me}-nodes",
@@ -235,14 +265,13 @@ class HealthService:
             inactive_threshold=300.0,
         )
         info = await self.rt.bus.js.consumer_info(subjects.OBSERVATIONS_STREAM, me)
-        if info.num_pending == 0:
-            async with self.lock:
-                await self.catch_up()
-        self.rt.add_check("replayed", lambda: self.caught_up)
+        if info.num_pending == 0 and not self.caught_up:
+            self.catch_up()
         try:
-            await asyncio.gather(timer, consumer.task or asyncio.Event().wait())
+            await asyncio.gather(timer, evaluator, consumer.task or asyncio.Event().wait())
         finally:
             timer.cancel()
+            evaluator.cancel()
 
 
 async def main(rt: Runtime) -> None:
