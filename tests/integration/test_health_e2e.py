@@ -1,0 +1,536 @@
+"""Health verdicts end to end: watcher, health and lifecycle as separate processes on the testbed.
+
+Each test submits an AppWrapper that lifecycle really runs (kwok simulates the pods), injects one
+fault through the pod simulation contract or the API, and reads the verdict stream
+``respawn.verdict.<ns>.<name>`` as an external subscriber would. Grace periods are shortened with
+the per-AppWrapper annotations so every fault is judged within seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+import pytest_asyncio
+
+from shared import subjects
+from shared.appwrapper.constants import Reason
+from shared.appwrapper.params import (
+    ADMISSION_GRACE_PERIOD_ANNOTATION,
+    FAILURE_GRACE_PERIOD_ANNOTATION,
+    RETRY_LIMIT_ANNOTATION,
+    TERMINAL_EXIT_CODES_ANNOTATION,
+    WARMUP_GRACE_PERIOD_ANNOTATION,
+)
+from shared.messages import PodObservation, Verdict, decode
+from shared.testbed import sim
+from shared.testbed.cluster import kubectl
+from shared.testbed.modes import Endpoints
+from tests.integration.conftest import ServiceFactory
+from tests.integration.observe import Observer
+
+pytestmark = pytest.mark.testbed
+
+VERDICTS = subjects.VERDICTS_STREAM
+OBSERVATIONS = subjects.OBSERVATIONS_STREAM
+# Operator default of FailureGracePeriod (no configuration is given to the services).
+DEFAULT_FAILURE_GRACE = timedelta(minutes=1)
+
+
+# ---------------------------------------------------------------------------------- manifests
+
+
+def pod_template(
+    *, annotations: dict[str, str] | None = None, gpus: int = 0, init_container: bool = False
+) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "c", "image": "busybox"}
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
+    if init_container:
+        spec["initContainers"] = [{"name": "setup", "image": "busybox"}]
+    return {"metadata": {"annotations": annotations or {}}, "spec": spec}
+
+
+def pod_component(name: str, **kwargs: Any) -> dict[str, Any]:
+    template = pod_template(**kwargs)
+    return {
+        "template": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, **template["metadata"]},
+            "spec": template["spec"],
+        }
+    }
+
+
+def job_component(name: str, *, parallelism: int = 1, **kwargs: Any) -> dict[str, Any]:
+    return {
+        "template": {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name},
+            "spec": {
+                "backoffLimit": 0,
+                "parallelism": parallelism,
+                "completions": parallelism,
+                "template": pod_template(**kwargs),
+            },
+        }
+    }
+
+
+def appwrapper(name: str, component: dict[str, Any], **annotations: str) -> dict[str, Any]:
+    """A runnable (not suspended) AppWrapper; lifecycle deploys it at once, as after Kueue admission."""
+    return {
+        "apiVersion": "workload.codeflare.dev/v1beta2",
+        "kind": "AppWrapper",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"suspend": False, "components": [component]},
+    }
+
+
+def apply(kubeconfig: Path, namespace: str, manifest: dict[str, Any]) -> None:
+    kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
+
+
+def get(kubeconfig: Path, namespace: str, *what: str) -> Any:
+    return sim.get_json(kubeconfig, *what, "-n", namespace)
+
+
+async def eventually(what: str, probe: Callable[[], Any], *, within: float = 30) -> Any:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what`` at the deadline."""
+    deadline = time.monotonic() + within
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+async def pod_names(kubeconfig: Path, namespace: str, *, count: int = 1) -> list[str]:
+    def probe() -> list[str]:
+        pods = get(kubeconfig, namespace, "pods")["items"]
+        return sorted(p["metadata"]["name"] for p in pods) if len(pods) >= count else []
+
+    names: list[str] = await eventually(f"{count} pods in {namespace}", probe)
+    return names
+
+
+# ---------------------------------------------------------------------------------- the stack
+
+
+@dataclass
+class Stack:
+    kubeconfig: Path
+    nats_url: str
+    # The health instance's observation consumer, to tell when it has processed an observation.
+    health_consumer: str
+
+
+@pytest.fixture
+def stack(testbed: Endpoints, appwrapper_crd: Path, service: ServiceFactory) -> Stack:
+    instance = uuid.uuid4().hex[:8]
+    service("watcher")
+    service("health", env={"RESPAWN_INSTANCE": instance})
+    service("lifecycle")
+    return Stack(testbed.kubeconfig, testbed.nats_url, health_consumer=f"health-{instance}")
+
+
+@dataclass
+class VerdictFeed:
+    """Every verdict published for one AppWrapper, in order, read as an external subscriber would."""
+
+    nc: Any
+    namespace: str
+    name: str
+    seen: list[Verdict] = field(default_factory=list)
+    sub: Any = None
+
+    @property
+    def subject(self) -> str:
+        return subjects.verdict(self.namespace, self.name)
+
+    async def start(self) -> None:
+        js = self.nc.jetstream()
+        self.sub = await js.subscribe(self.subject, stream=VERDICTS, ordered_consumer=True)
+
+    async def wait(self, check: Callable[[Verdict], bool], *, within: float = 30) -> Verdict:
+        """The first verdict (already seen or arriving within ``within`` seconds) that passes ``check``."""
+        for verdict in self.seen:
+            if check(verdict):
+                return verdict
+        deadline = time.monotonic() + within
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                msg = await self.sub.next_msg(timeout=min(remaining, 1.0))
+            except TimeoutError:
+                continue
+            verdict = decode(Verdict, msg.data)
+            self.seen.append(verdict)
+            if check(verdict):
+                return verdict
+        summary = [(v.seq, v.state, v.reason, v.message) for v in self.seen]
+        raise AssertionError(f"no matching verdict on {self.subject} within {within}s; seen: {summary}")
+
+    async def count(self) -> int:
+        """How many verdicts the stream holds for this AppWrapper."""
+        info = await self.nc.jetstream().stream_info(VERDICTS, subjects_filter=self.subject)
+        return int((info.state.subjects or {}).get(self.subject, 0))
+
+
+@pytest_asyncio.fixture
+async def nc(stack: Stack) -> AsyncIterator[Any]:
+    conn = await nats.connect(stack.nats_url)
+    yield conn
+    await conn.close()
+
+
+async def feed(nc: Any, namespace: str, name: str) -> VerdictFeed:
+    f = VerdictFeed(nc, namespace, name)
+    await f.start()
+    return f
+
+
+def unhealthy(reason: str) -> Callable[[Verdict], bool]:
+    return lambda v: v.state == "Unhealthy" and v.reason == reason
+
+
+def healthy(reason: str = "") -> Callable[[Verdict], bool]:
+    return lambda v: v.state == "Healthy" and v.reason == reason
+
+
+async def appwrapper_phase(
+    kubeconfig: Path, namespace: str, name: str, phase: str, within: float = 30
+) -> Any:
+    def probe() -> Any:
+        aw = get(kubeconfig, namespace, "appwrapper", name)
+        return aw if aw.get("status", {}).get("phase") == phase else None
+
+    return await eventually(f"AppWrapper {namespace}/{name} in phase {phase}", probe, within=within)
+
+
+# ---------------------------------------------------------------------------------- faults
+
+
+async def test_failed_pod_is_healthy_during_the_failure_grace_period_then_unhealthy(
+    stack: Stack, nc: Any, namespace: str
+) -> None:
+    kc = stack.kubeconfig
+    verdicts = await feed(nc, namespace, "fp")
+    apply(
+        kc,
+        namespace,
+        appwrapper(
+            "fp",
+            pod_component("fp-0", annotations={sim.FAIL_AFTER: "1s"}),
+            **{FAILURE_GRACE_PERIOD_ANNOTATION: "3s", RETRY_LIMIT_ANNOTATION: "0"},
+        ),
+    )
+    grace = await verdicts.wait(healthy(Reason.FOUND_FAILED_PODS))
+    # Read while the grace period runs: once Failed, lifecycle deletes the pod.
+    node = get(kc, namespace, "pod", "fp-0")["spec"]["nodeName"]
+    final = await verdicts.wait(unhealthy(Reason.FOUND_FAILED_PODS))
+
+    # Inside the grace period: Healthy, naming the condition and when it turns Unhealthy.
+    assert grace.first_unhealthy_at is not None and grace.deadline is not None
+    assert grace.deadline - grace.first_unhealthy_at == timedelta(seconds=3)
+    assert grace.decided_at < grace.deadline
+    # After it: Unhealthy with the same clock, the pod's node, retryable (exit code 1 is not terminal).
+    assert final.first_unhealthy_at == grace.first_unhealthy_at and final.deadline == grace.deadline
+    assert final.decided_at >= final.deadline
+    assert final.terminal is False and final.counts_toward_retry is True
+    assert final.nodes == (node,)
+    assert "fp-0" in final.message
+    assert final.seq > grace.seq and final.attempt_started_at == grace.attempt_started_at
+    assert final.ref.uid == get(kc, namespace, "appwrapper", "fp")["metadata"]["uid"]
+
+
+def stuck_in_init(kubeconfig: Path, namespace: str, name: str) -> bool:
+    pods = get(kubeconfig, namespace, "pods", "--field-selector", f"metadata.name={name}")["items"]
+    if not pods:
+        return False
+    status = pods[0].get("status", {})
+    init = status.get("initContainerStatuses") or [{}]
+    return bool(
+        status.get("phase") == "Pending"
+        and pods[0]["spec"].get("nodeName")
+        and "running" in init[0].get("state", {})
+    )
+
+
+def unschedulable(kubeconfig: Path, namespace: str, name: str) -> bool:
+    pods = get(kubeconfig, namespace, "pods", "--field-selector", f"metadata.name={name}")["items"]
+    conditions = pods[0].get("status", {}).get("conditions") or [] if pods else []
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in conditions
+    )
+
+
+async def test_pod_stuck_in_init_is_unhealthy_after_warmup(stack: Stack, nc: Any, namespace: str) -> None:
+    kc = stack.kubeconfig
+    verdicts = await feed(nc, namespace, "si")
+    apply(
+        kc,
+        namespace,
+        appwrapper(
+            "si",
+            pod_component("si-0", annotations={sim.STUCK_INIT: "true"}, init_container=True),
+            **{
+                ADMISSION_GRACE_PERIOD_ANNOTATION: "1s",
+                WARMUP_GRACE_PERIOD_ANNOTATION: "2s",
+                FAILURE_GRACE_PERIOD_ANNOTATION: "2s",
+                RETRY_LIMIT_ANNOTATION: "0",
+            },
+        ),
+    )
+    # The pod exists, scheduled but stuck in its init container (read before the verdict: once
+    # the AppWrapper fails, lifecycle deletes it).
+    await eventually("pod si-0 scheduled and stuck in init", lambda: stuck_in_init(kc, namespace, "si-0"))
+    final = await verdicts.wait(unhealthy(Reason.INSUFFICIENT_PODS_READY))
+
+    # All expected pods exist, so the warmup period applies, then the failure grace period.
+    assert final.attempt_started_at is not None
+    assert final.first_unhealthy_at == final.attempt_started_at + timedelta(seconds=2)
+    assert final.deadline == final.attempt_started_at + timedelta(seconds=4)
+    assert "1 pods pending; 0 pods running" in final.message and "warmup" in final.message
+    assert final.terminal is False
+
+
+async def test_pod_never_scheduled_is_unhealthy_after_warmup(stack: Stack, nc: Any, namespace: str) -> None:
+    kc = stack.kubeconfig
+    verdicts = await feed(nc, namespace, "ns")
+    apply(
+        kc,
+        namespace,
+        appwrapper(
+            "ns",
+            pod_component("ns-0", gpus=9),  # every node has 8
+            **{
+                ADMISSION_GRACE_PERIOD_ANNOTATION: "1s",
+                WARMUP_GRACE_PERIOD_ANNOTATION: "2s",
+                FAILURE_GRACE_PERIOD_ANNOTATION: "1s",
+                RETRY_LIMIT_ANNOTATION: "0",
+            },
+        ),
+    )
+    await eventually("pod ns-0 reported Unschedulable", lambda: unschedulable(kc, namespace, "ns-0"))
+    final = await verdicts.wait(unhealthy(Reason.INSUFFICIENT_PODS_READY))
+
+    # An unscheduled pod exists (Pending), as upstream counts it: the warmup period applies.
+    assert final.attempt_started_at is not None
+    assert final.deadline == final.attempt_started_at + timedelta(seconds=3)
+    assert "1 pods pending; 0 pods running; 0 pods succeeded" in final.message
+    assert final.terminal is False
+
+
+async def test_pods_that_cannot_be_created_are_unhealthy_after_admission(
+    stack: Stack, nc: Any, namespace: str
+) -> None:
+    kc = stack.kubeconfig
+    # The namespace admits one pod: the Job's second pod is refused by the quota, never created.
+    apply(
+        kc,
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "one-pod"},
+            "spec": {"hard": {"pods": "1"}},
+        },
+    )
+    verdicts = await feed(nc, namespace, "adm")
+    apply(
+        kc,
+        namespace,
+        appwrapper(
+            "adm",
+            job_component("adm-job", parallelism=2),
+            **{
+                ADMISSION_GRACE_PERIOD_ANNOTATION: "1s",
+                WARMUP_GRACE_PERIOD_ANNOTATION: "1m",
+                FAILURE_GRACE_PERIOD_ANNOTATION: "2s",
+                RETRY_LIMIT_ANNOTATION: "0",
+            },
+        ),
+    )
+    grace = await verdicts.wait(healthy(Reason.INSUFFICIENT_PODS_READY))
+    # Still inside the failure grace period, so nothing has been deleted yet: one pod of two.
+    assert len(get(kc, namespace, "pods")["items"]) == 1
+    final = await verdicts.wait(unhealthy(Reason.INSUFFICIENT_PODS_READY))
+
+    # Not every expected pod exists: the admission period applies (not the one-minute warmup).
+    assert final.attempt_started_at is not None
+    assert (
+        final.first_unhealthy_at
+        == grace.first_unhealthy_at
+        == final.attempt_started_at + timedelta(seconds=1)
+    )
+    assert final.deadline == grace.deadline == final.attempt_started_at + timedelta(seconds=3)
+    assert "expected 2" in final.message and "admission" in final.message
+
+
+async def test_failed_job_is_unhealthy_at_once(stack: Stack, nc: Any, namespace: str) -> None:
+    kc = stack.kubeconfig
+    verdicts = await feed(nc, namespace, "fj")
+    apply(
+        kc,
+        namespace,
+        appwrapper(
+            "fj",
+            job_component("fj-job", annotations={sim.FAIL_AFTER: "1s"}),
+            # The failed pod alone would wait a minute; the Job's Failed condition does not wait.
+            **{FAILURE_GRACE_PERIOD_ANNOTATION: "1m", RETRY_LIMIT_ANNOTATION: "0"},
+        ),
+    )
+    final = await verdicts.wait(unhealthy(Reason.FAILED_COMPONENT))
+
+    # The reason the Job controller gave (backoffLimit 0, one failed pod) is passed on.
+    assert "Job/fj-job" in final.message and "BackoffLimitExceeded" in final.message
+    assert final.terminal is False
+    assert final.first_unhealthy_at is not None and final.decided_at - final.first_unhealthy_at < timedelta(
+        seconds=30
+    )
+
+
+async def test_externally_deleted_component_is_unhealthy_and_terminal(
+    stack: Stack, nc: Any, namespace: str
+) -> None:
+    kc = stack.kubeconfig
+    verdicts = await feed(nc, namespace, "dc")
+    apply(kc, namespace, appwrapper("dc", job_component("dc-job"), **{RETRY_LIMIT_ANNOTATION: "3"}))
+    (pod,) = await pod_names(kc, namespace)
+    await eventually(
+        "the Job's pod Running", lambda: get(kc, namespace, "pod", pod)["status"].get("phase") == "Running"
+    )
+    await verdicts.wait(healthy())
+
+    sim.delete_component(kc, namespace, "job", "dc-job")
+    final = await verdicts.wait(unhealthy(Reason.MISSING_COMPONENT))
+
+    assert "Job/dc-job" in final.message
+    # Terminal although retries remain: upstream fails a workload whose resources were removed.
+    assert final.terminal is True
+
+
+async def test_terminal_exit_code_makes_the_failure_terminal(stack: Stack, nc: Any, namespace: str) -> None:
+    kc = stack.kubeconfig
+    verdicts = await feed(nc, namespace, "te")
+    apply(
+        kc,
+        namespace,
+        appwrapper(
+            "te",
+            pod_component("te-0", annotations={sim.FAIL_AFTER: "1s", sim.EXIT_CODE: "42"}),
+            **{
+                TERMINAL_EXIT_CODES_ANNOTATION: "3,42",
+                FAILURE_GRACE_PERIOD_ANNOTATION: "1s",
+                RETRY_LIMIT_ANNOTATION: "3",
+            },
+        ),
+    )
+    final = await verdicts.wait(unhealthy(Reason.FOUND_FAILED_PODS))
+
+    assert final.terminal is True
+    assert "exit code 42" in final.message and "te-0" in final.message
+    # Lifecycle acts on it: Failed without using any of the three retries.
+    aw = await appwrapper_phase(kc, namespace, "te", "Failed")
+    assert aw["status"].get("resettingCount", 0) == 0
+
+
+async def test_idle_healthy_appwrapper_produces_no_verdict_churn(
+    stack: Stack, nc: Any, namespace: str
+) -> None:
+    kc = stack.kubeconfig
+    verdicts = await feed(nc, namespace, "idle")
+    apply(kc, namespace, appwrapper("idle", pod_component("idle-0")))
+    first = await verdicts.wait(lambda v: True)
+    assert first.state == "Healthy" and first.reason == "" and first.seq == 1
+    await eventually(
+        "pod idle-0 Running", lambda: get(kc, namespace, "pod", "idle-0")["status"].get("phase") == "Running"
+    )
+    assert await verdicts.count() == 1
+
+    # Status updates that change observations but not health: container restarts and readiness
+    # flips on the pod, a label on its node.
+    pod = get(kc, namespace, "pod", "idle-0")
+    sim.label_node(kc, pod["spec"]["nodeName"], "respawn.dev/churn-test", namespace)
+    try:
+        statuses = pod["status"]["containerStatuses"]
+        for restarts in (1, 2, 3):
+            for cs in statuses:
+                cs["restartCount"], cs["ready"] = restarts, restarts % 2 == 0
+            kubectl(
+                kc,
+                "patch",
+                "pod",
+                "idle-0",
+                "-n",
+                namespace,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                json.dumps({"status": {"containerStatuses": statuses}}),
+            )
+    finally:
+        sim.label_node(kc, pod["spec"]["nodeName"], "respawn.dev/churn-test", None)
+
+    # Wait until health has processed the last of those updates (acknowledged it), checking all
+    # the while that nothing new was published.
+    js = nc.jetstream()
+    obs_subject = subjects.appwrapper_obs(namespace, "idle", "pod", "idle-0")
+    async with Observer(stack.nats_url) as obs:
+        await obs.wait_last(
+            OBSERVATIONS,
+            obs_subject,
+            PodObservation,
+            lambda m: [c.restart_count for c in m.containers] == [3],
+        )
+    last_seq = (await js.get_last_msg(OBSERVATIONS, obs_subject)).seq
+
+    async def processed() -> bool:
+        info = await js.consumer_info(OBSERVATIONS, stack.health_consumer)
+        return bool(info.ack_floor.stream_seq >= last_seq)
+
+    deadline = time.monotonic() + 20
+    while not await processed():
+        assert await verdicts.count() == 1, "a verdict was published for an unchanged state"
+        assert time.monotonic() < deadline, "health did not process the pod updates within 20s"
+        await asyncio.sleep(0.1)
+    assert await verdicts.count() == 1, "a verdict was published for an unchanged state"
+
+
+async def test_malformed_annotation_is_reported_and_the_default_is_used(
+    stack: Stack, nc: Any, namespace: str
+) -> None:
+    kc = stack.kubeconfig
+    verdicts = await feed(nc, namespace, "bad")
+    apply(
+        kc,
+        namespace,
+        appwrapper(
+            "bad",
+            pod_component("bad-0", annotations={sim.FAIL_AFTER: "1s"}),
+            **{FAILURE_GRACE_PERIOD_ANNOTATION: "abc"},
+        ),
+    )
+    first = await verdicts.wait(lambda v: True)
+    grace = await verdicts.wait(healthy(Reason.FOUND_FAILED_PODS))
+
+    for verdict in (first, grace):
+        assert any(FAILURE_GRACE_PERIOD_ANNOTATION in w and "'abc'" in w for w in verdict.warnings), verdict
+    # The operator default (1m) is the failure grace period in force.
+    assert grace.first_unhealthy_at is not None and grace.deadline is not None
+    assert grace.deadline - grace.first_unhealthy_at == DEFAULT_FAILURE_GRACE
