@@ -358,6 +358,10 @@ def error_delay(num_delivered: int, *, base: float = 0.5, cap: float = 30.0) -> 
     return min(cap, base * float(2**exponent))
 
 
+# How long a busy consumer's batch fetch may wait for more messages (seconds).
+BUSY_FETCH_TIMEOUT = 0.05
+
+
 class Consumer(Generic[M]):
     """A running pull loop over one durable consumer (see :meth:`Bus.consume`)."""
 
@@ -385,6 +389,7 @@ class Consumer(Generic[M]):
         self._fetch_timeout = fetch_timeout
         self._max_deliver = max_deliver
         self._config = consumer_config
+        self._idle = True
         self._psub: Any = None
         self._generation = -1
         self._stopping = False
@@ -492,13 +497,23 @@ class Consumer(Generic[M]):
                 if self._psub is None or self._generation != self._bus.reconnects:
                     await self._bind()
                 try:
-                    return list(await self._psub.fetch(self._batch, timeout=self._fetch_timeout))
+                    if self._idle:
+                        # nats-py's fetch(n > 1) holds on to a lingering pull until n messages or
+                        # the timeout, so one message arriving on an idle consumer would wait up
+                        # to fetch_timeout. Waiting for exactly one returns the moment it arrives.
+                        msgs = list(await self._psub.fetch(1, timeout=self._fetch_timeout))
+                    else:
+                        # Busy: take what is there now (the no-wait probe returns at once), and
+                        # linger only briefly when the backlog has just run dry.
+                        msgs = list(await self._psub.fetch(self._batch, timeout=BUSY_FETCH_TIMEOUT))
                 except TimeoutError:  # nothing to do: the normal idle case
-                    return []
+                    msgs = []
                 except Exception:
                     self._bound = False
                     self._psub = None
                     raise
+                self._idle = not msgs
+                return msgs
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _bind(self) -> None:

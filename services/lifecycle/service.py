@@ -133,7 +133,18 @@ class Lifecycle:
         known = self.latest.get(key)
         if known is None or known.ref.uid != verdict.ref.uid or known.seq <= verdict.seq:
             self.latest[key] = verdict
+        started = utcnow()
         use = await self.reconcile_key(key, verdict)
+        log.debug(
+            "verdict %s/%s %s seq %d (decided %.0f ms before arrival): %s after %.0f ms",
+            key[0],
+            key[1],
+            verdict.state,
+            verdict.seq,
+            (started - verdict.decided_at).total_seconds() * 1000,
+            use,
+            (utcnow() - started).total_seconds() * 1000,
+        )
         if use is VerdictUse.HELD:
             # Not applicable yet (e.g. the workload is still being created): keep it unacked.
             raise TransientError(f"verdict for {key[0]}/{key[1]} held", delay=1.0)
