@@ -168,7 +168,7 @@ async def verdict_to_delete(state_dir: Path, count: int, samples: int) -> None:
 
 
 async def reset_overhead(state_dir: Path, pods: int, rounds: int) -> None:
-    state, kube, aw_ref, job_ref, ns_ref = await setup(state_dir)
+    state, kube, aw_ref, _job_ref, ns_ref = await setup(state_dir)
     pod_ref = await kube.resource("v1", "Pod")
     ns = f"bench-reset-{int(time.time())}"
     await kube.create(ns_ref, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
