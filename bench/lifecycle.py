@@ -96,7 +96,7 @@ def report_processes(state: State) -> None:
         if name in ("watcher", "health", "lifecycle", "autopilot"):
             u = usage(pid)
             print(
-                f"  {name}: cpu {u.cpu_seconds:.1f}s, rss {u.rss_mib:.0f} MiB, peak rss {u.peak_rss_mib:.0f} MiB"
+                f"  {name}: cpu {u.cpu_seconds:.1f}s, rss {u.rss_mib:.0f} MiB, peak {u.peak_rss_mib:.0f} MiB"
             )
 
 
