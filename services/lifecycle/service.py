@@ -29,6 +29,7 @@ from typing import Any
 
 from opentelemetry import trace
 
+from services.autopilot.exclusion import decide_exclusions
 from services.lifecycle.actions import (
     CreateComponent,
     CreateOutcome,
@@ -46,7 +47,7 @@ from services.lifecycle.observed import Observed, ObservedComponent, ObservedPod
 from services.lifecycle.templating import PodTemplateHook
 from services.lifecycle.verdicts import VerdictUse
 from shared import metrics, subjects
-from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, FINALIZER, KIND
+from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, FINALIZER, KIND, Reason
 from shared.appwrapper.params import effective_fault_tolerance
 from shared.bus import Delivery, TransientError
 from shared.faulttolerance import FaultTolerance
@@ -243,6 +244,7 @@ class Lifecycle:
                     created = {}
                     continue
                 raise TransientError(f"writing AppWrapper {key[0]}/{key[1]}: {exc}") from exc
+            await self.exclude_failed_nodes(aw, plan)
             if plan.requeue_at is not None:
                 self.requeue_at(plan.requeue_at, key)
             creates = [a for a in plan.actions if isinstance(a, CreateComponent)]
@@ -358,6 +360,76 @@ class Lifecycle:
                     patch_type="application/json-patch+json",
                 )
         return outcomes
+
+    async def exclude_failed_nodes(self, aw: Mapping[str, Any], plan: Plan) -> None:
+        """Node exclusion on retry: keep the next attempt off the nodes where pods just failed.
+
+        Recorded in the AppWrapper's ``respawn.dev/excluded-nodes`` annotation (read by the
+        node-exclusion template hook when components are recreated). Autopilot migrations are
+        not recorded here: anti-affinity already keeps pods off nodes Autopilot flags.
+        """
+        if not self.rt.config.node_exclusion.enabled:
+            return
+        started = [
+            a.event
+            for a in plan.actions
+            if isinstance(a, PublishLifecycleEvent) and a.event.event == LifecycleEventType.RESET_STARTED
+        ]
+        if not started or not started[0].nodes or started[0].reason != str(Reason.FOUND_FAILED_PODS):
+            return
+        meta = aw.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        try:
+            nodes_ref = await self.kube.resource("v1", "Node")
+            listing = await self.kube.list(nodes_ref)
+        except KubeApiError as exc:
+            log.warning(
+                "node exclusion skipped for %s/%s: cannot list nodes: %s",
+                meta.get("namespace"),
+                meta.get("name"),
+                exc,
+            )
+            return
+        candidates = [
+            n["metadata"]["name"]
+            for n in listing.get("items", [])
+            if not (n.get("spec") or {}).get("unschedulable")
+            and any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (n.get("status") or {}).get("conditions") or []
+            )
+        ]
+        decision = decide_exclusions(
+            annotations,
+            failed_nodes=started[0].nodes,
+            candidates=candidates,
+            limit=self.rt.config.node_exclusion.max_nodes,
+        )
+        if not decision.enabled:
+            return
+        patch = decision.annotation_patch()
+        if all(annotations.get(k) == v for k, v in patch.items()):
+            return
+        assert self.aw_ref is not None
+        try:
+            await self.kube.patch(
+                self.aw_ref, meta["name"], {"metadata": {"annotations": patch}}, meta.get("namespace")
+            )
+        except KubeApiError as exc:
+            log.warning(
+                "recording excluded nodes on %s/%s failed: %s", meta.get("namespace"), meta.get("name"), exc
+            )
+            return
+        log.info(
+            "%s/%s: excluding nodes %s on the next attempt",
+            meta.get("namespace"),
+            meta.get("name"),
+            ", ".join(decision.nodes),
+        )
+        message = (
+            decision.note or f"the next attempts avoid nodes {', '.join(decision.nodes)} where pods failed"
+        )
+        await self.act(aw, EmitEvent(type="Normal", reason="NodesExcluded", message=message))
 
     def record_transition(self, aw: Mapping[str, Any], plan: Plan, verdict: Verdict | None) -> None:
         for action in plan.actions:
