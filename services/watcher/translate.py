@@ -237,9 +237,17 @@ def fingerprint(message: Message) -> str:
 
 
 def msg_id(message: Message, fp: str) -> str:
-    """Nats-Msg-Id: the same state of the same object is stored once, whoever publishes it."""
+    """Nats-Msg-Id: the same version of the same object is stored once, whoever publishes it.
+
+    Keyed on the resourceVersion (plus the content digest), not on the content alone: a state
+    that comes back (a label set and removed again) is a new event and must not be dropped as a
+    duplicate of the first time, while two watchers (or a restarted one) publishing the same
+    version of an object are de-duplicated.
+    """
+    version = getattr(message, "resource_version", "") or ""
+    tombstone = ":deleted" if getattr(message, "deleted", False) else ""
     if isinstance(message, NodeObservation):
-        return f"node:{message.name}:{fp}"
+        return f"node:{message.name}:{version}:{fp}{tombstone}"
     ref = getattr(message, "ref", None)
     uid = ref.uid if isinstance(ref, ObjectRef) else ""
-    return f"{message.KIND}:{uid}:{fp}"
+    return f"{message.KIND}:{uid}:{version}:{fp}{tombstone}"
