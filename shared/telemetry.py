@@ -7,6 +7,7 @@ chosen by environment, the OpenTelemetry way:
 
 - ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) set → OTLP/HTTP;
 - ``RESPAWN_TRACE_CONSOLE=1`` → spans printed to stdout (development);
+- ``RESPAWN_TRACE_FILE=path`` → spans appended to a file as JSON lines (the demo uses it);
 - otherwise no SDK at all: the API's no-op tracer still forwards the incoming context, so a
   service without tracing does not break the trace of the ones around it.
 
@@ -34,10 +35,11 @@ log = logging.getLogger(__name__)
 
 LOG_LEVEL_ENV = "RESPAWN_LOG_LEVEL"
 TRACE_CONSOLE_ENV = "RESPAWN_TRACE_CONSOLE"
+TRACE_FILE_ENV = "RESPAWN_TRACE_FILE"
 OTLP_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 OTLP_TRACES_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 
-TraceExport = Literal["otlp", "console", "none", "custom"]
+TraceExport = Literal["otlp", "file", "console", "none", "custom"]
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -73,9 +75,17 @@ def select_trace_export(env: Mapping[str, str]) -> TraceExport:
         return "none"
     if env.get(OTLP_TRACES_ENDPOINT_ENV, "").strip() or env.get(OTLP_ENDPOINT_ENV, "").strip():
         return "otlp"
+    if env.get(TRACE_FILE_ENV, "").strip():
+        return "file"
     if env.get(TRACE_CONSOLE_ENV, "").strip().lower() in _TRUE:
         return "console"
     return "none"
+
+
+def _file_exporter(path: str) -> SpanExporter:
+    """Spans as JSON lines appended to ``path``: a trace a person can open without a collector."""
+    out = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the provider
+    return ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(indent=None) + "\n")
 
 
 def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
@@ -100,7 +110,12 @@ def build_tracer_provider(
         choice = select_trace_export(env)
         if choice == "none":
             return None
-        exporter = _otlp_exporter(env) if choice == "otlp" else ConsoleSpanExporter()
+        if choice == "otlp":
+            exporter = _otlp_exporter(env)
+        elif choice == "file":
+            exporter = _file_exporter(env[TRACE_FILE_ENV].strip())
+        else:
+            exporter = ConsoleSpanExporter()
     resource = Resource.create({"service.name": service_name, "service.namespace": "respawn"})
     provider = TracerProvider(resource=resource)
     # Batch, never simple: a simple processor exports on the caller's thread and would

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from opentelemetry import trace
@@ -188,3 +190,18 @@ def test_parse_log_level(raw: str | None, level: int) -> None:
 def test_parse_log_level_rejects_unknown_names_with_the_fix() -> None:
     with pytest.raises(ValueError, match="RESPAWN_LOG_LEVEL='loud' is not a log level; use DEBUG"):
         parse_log_level("loud")
+
+
+def test_trace_file_export_writes_json_lines(tmp_path: Path) -> None:
+    from shared.telemetry import build_tracer_provider, select_trace_export
+
+    path = tmp_path / "spans.jsonl"
+    env = {"RESPAWN_TRACE_FILE": str(path)}
+    assert select_trace_export(env) == "file"
+    provider = build_tracer_provider("probe", env)
+    assert provider is not None
+    with provider.get_tracer("t").start_as_current_span("work"):
+        pass
+    provider.shutdown()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["name"] == "work"
