@@ -137,7 +137,7 @@ def install_crd(kubeconfig: Path) -> None:
     )
 
 
-def start_all(state: State, *, log: Log = _quiet) -> list[str]:
+def start_all(state: State, *, log: Log = _quiet, env: dict[str, str] | None = None) -> list[str]:
     started: list[str] = []
     if not any(implemented(s) for s in SERVICES):
         return started
@@ -146,7 +146,7 @@ def start_all(state: State, *, log: Log = _quiet) -> list[str]:
     for service in SERVICES:
         if implemented(service) and service not in state.pids:
             log(f"starting service {service}")
-            start_service(state, service)
+            start_service(state, service, env=env)
             started.append(service)
     return started
 
