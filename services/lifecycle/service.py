@@ -342,12 +342,18 @@ class Lifecycle:
             else:
                 await self.act(aw, action)
         if plan.finalizer is FinalizerChange.REMOVE:
-            fresh = await self.kube.get(self.aw_ref, meta["name"], meta.get("namespace"))
+            await self.remove_finalizer(meta["name"], meta.get("namespace"))
+        return outcomes
+
+    async def remove_finalizer(self, name: str, namespace: str | None) -> None:
+        assert self.aw_ref is not None
+        try:
+            fresh = await self.kube.get(self.aw_ref, name, namespace)
             finalizers = [f for f in fresh["metadata"].get("finalizers") or [] if f != FINALIZER]
             if len(finalizers) != len(fresh["metadata"].get("finalizers") or []):
                 await self.kube.patch(
                     self.aw_ref,
-                    meta["name"],
+                    name,
                     [
                         {
                             "op": "test",
@@ -356,10 +362,13 @@ class Lifecycle:
                         },
                         {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
                     ],
-                    meta.get("namespace"),
+                    namespace,
                     patch_type="application/json-patch+json",
                 )
-        return outcomes
+        except KubeApiError as exc:
+            # Gone already: another replica removed the finalizer first, which is the goal.
+            if not exc.not_found:
+                raise
 
     async def exclude_failed_nodes(self, aw: Mapping[str, Any], plan: Plan) -> None:
         """Node exclusion on retry: keep the next attempt off the nodes where pods just failed.

@@ -1,0 +1,665 @@
+"""The lifecycle end to end on the testbed: watcher, health and lifecycle as separate processes.
+
+Each test submits AppWrappers to a fresh namespace and follows them through the real API server
+and the real NATS streams, as a user or an outside subscriber would. Grace periods are shortened
+with upstream's per-AppWrapper annotations so that every reset takes seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from shared import subjects
+from shared.appwrapper.constants import APPWRAPPER_LABEL, FINALIZER
+from shared.appwrapper.params import (
+    FAILURE_GRACE_PERIOD_ANNOTATION,
+    FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION,
+    RETRY_LIMIT_ANNOTATION,
+    RETRY_PAUSE_PERIOD_ANNOTATION,
+)
+from shared.appwrapper.podsets import component_pod_sets, get_at_path
+from shared.messages import LifecycleEvent
+from shared.testbed import sim
+from shared.testbed.cluster import kubectl, kubectl_binary
+from shared.testbed.modes import Endpoints
+from shared.testbed.services import ServiceProcess, spawn_service
+from tests.integration.conftest import ServiceFactory
+from tests.integration.observe import Observer
+from tests.integration.test_crd import MLBATCH_USAGE, mlbatch_appwrapper_samples
+
+pytestmark = pytest.mark.testbed
+
+T = TypeVar("T")
+
+# Short clocks, so that a reset takes a few seconds instead of minutes.
+FAST = {
+    FAILURE_GRACE_PERIOD_ANNOTATION: "0s",
+    RETRY_PAUSE_PERIOD_ANNOTATION: "1s",
+    FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION: "5s",
+}
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def apply(kubeconfig: Path, namespace: str, manifest: dict[str, Any]) -> None:
+    kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
+
+
+def get_appwrapper(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any] | None:
+    proc = kubectl(kubeconfig, "get", "appwrapper", name, "-n", namespace, "-o", "json", check=False)
+    if proc.returncode != 0:
+        if "NotFound" in proc.stderr:
+            return None
+        raise AssertionError(f"reading AppWrapper {namespace}/{name}: {proc.stderr}")
+    body: dict[str, Any] = json.loads(proc.stdout)
+    return body
+
+
+def status_of(aw: dict[str, Any] | None) -> dict[str, Any]:
+    return (aw or {}).get("status") or {}
+
+
+def condition(aw: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
+    for cond in status_of(aw).get("conditions") or []:
+        if cond.get("type") == ctype:
+            return dict(cond)
+    return {}
+
+
+def jobs(kubeconfig: Path, namespace: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = sim.get_json(kubeconfig, "jobs", "-n", namespace)["items"]
+    return items
+
+
+def labelled_pods(kubeconfig: Path, namespace: str, appwrapper: str) -> list[dict[str, Any]]:
+    selector = f"{APPWRAPPER_LABEL}={appwrapper}"
+    items: list[dict[str, Any]] = sim.get_json(kubeconfig, "pods", "-n", namespace, "-l", selector)["items"]
+    return items
+
+
+def running_pods(kubeconfig: Path, namespace: str, appwrapper: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in labelled_pods(kubeconfig, namespace, appwrapper)
+        if (p.get("status") or {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def exactly_running(kubeconfig: Path, namespace: str, appwrapper: str, count: int) -> list[dict[str, Any]]:
+    """The running pods if there are exactly ``count`` of them, else nothing (for :func:`until`)."""
+    pods = running_pods(kubeconfig, namespace, appwrapper)
+    return pods if len(pods) == count else []
+
+
+async def until(what: str, check: Callable[[], T], *, within: float = 30, every: float = 0.2) -> T:
+    """Poll ``check`` until it returns something truthy; fail after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}; last seen: {value!r}")
+        await asyncio.sleep(every)
+
+
+async def wait_phase(
+    kubeconfig: Path, namespace: str, name: str, phase: str, *, within: float = 30
+) -> dict[str, Any]:
+    last: dict[str, Any] | None = None
+
+    def reached() -> bool:
+        nonlocal last
+        last = get_appwrapper(kubeconfig, namespace, name)
+        return status_of(last).get("phase") == phase
+
+    try:
+        await until(f"{namespace}/{name} to reach {phase}", reached, within=within)
+    except AssertionError:
+        raise AssertionError(
+            f"{namespace}/{name} did not reach {phase} within {within}s; status: "
+            f"{json.dumps(status_of(last), indent=1)}"
+        ) from None
+    assert last is not None
+    return last
+
+
+def job_appwrapper(
+    name: str,
+    *,
+    pod_annotations: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    parallelism: int = 1,
+    suspend: bool = False,
+) -> dict[str, Any]:
+    """An AppWrapper around one batch/v1 Job whose failed pods are not replaced by the Job."""
+    return {
+        "apiVersion": "workload.codeflare.dev/v1beta2",
+        "kind": "AppWrapper",
+        "metadata": {"name": name, "annotations": {**FAST, **(annotations or {})}},
+        "spec": {
+            "suspend": suspend,
+            "components": [
+                {
+                    "template": {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "metadata": {"name": f"{name}-job"},
+                        "spec": {
+                            "parallelism": parallelism,
+                            "completions": parallelism,
+                            "backoffLimit": 0,
+                            "template": {
+                                "metadata": {"annotations": pod_annotations or {}},
+                                "spec": {
+                                    "restartPolicy": "Never",
+                                    "containers": [{"name": "main", "image": "busybox"}],
+                                },
+                            },
+                        },
+                    }
+                }
+            ],
+        },
+    }
+
+
+def get_component(kubeconfig: Path, namespace: str, template: dict[str, Any], name: str) -> dict[str, Any]:
+    group, _, version = str(template["apiVersion"]).rpartition("/")
+    resource = f"{template['kind']}.{version}.{group}" if group else f"{template['kind']}.{version}"
+    obj: dict[str, Any] = sim.get_json(kubeconfig, resource, name, "-n", namespace)
+    return obj
+
+
+@pytest.fixture(scope="module")
+def observers(
+    testbed: Endpoints, appwrapper_crd: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """watcher and health, each its own process, shared by this module's tests.
+
+    Every test starts its own lifecycle (the process under test) with the ``service`` fixture.
+    """
+    logs = tmp_path_factory.mktemp("observers") / "logs"
+    started: list[ServiceProcess] = []
+    try:
+        for name in ("watcher", "health"):
+            started.append(
+                spawn_service(name, kubeconfig=testbed.kubeconfig, nats_url=testbed.nats_url, log_dir=logs)
+            )
+        yield
+    finally:
+        for sp in started:
+            sp.stop()
+
+
+def events_of(kubeconfig: Path, namespace: str, name: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = sim.get_json(
+        kubeconfig,
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        f"involvedObject.name={name},involvedObject.kind=AppWrapper",
+    )["items"]
+    return items
+
+
+async def lifecycle_events(nats_url: str, namespace: str, name: str) -> list[LifecycleEvent]:
+    async with Observer(nats_url) as obs:
+        return await obs.all(
+            subjects.LIFECYCLE_STREAM, subjects.lifecycle_event(namespace, name), LifecycleEvent
+        )
+
+
+class JobWatch:
+    """Every Job created in a namespace, recorded by a `kubectl get --watch` running alongside."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, out: Path) -> None:
+        self.out = out
+        self.file = out.open("w")
+        self.proc = subprocess.Popen(
+            [
+                kubectl_binary(),
+                f"--kubeconfig={kubeconfig}",
+                "get",
+                "jobs",
+                "-n",
+                namespace,
+                "--watch",
+                "--output-watch-events",
+                "-o",
+                "json",
+            ],
+            stdout=self.file,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.file.close()
+
+    def created_uids(self) -> list[str]:
+        """Uids of the Jobs seen, in order of first appearance."""
+        self.file.flush()
+        text = self.out.read_text()
+        decoder = json.JSONDecoder()
+        uids: list[str] = []
+        pos = 0
+        while True:
+            while pos < len(text) and text[pos].isspace():
+                pos += 1
+            if pos >= len(text):
+                return uids
+            try:
+                event, pos = decoder.raw_decode(text, pos)
+            except json.JSONDecodeError:
+                return uids  # a document still being written
+            uid = event["object"]["metadata"]["uid"]
+            if uid not in uids:
+                uids.append(uid)
+
+
+@pytest.fixture
+def job_watch(testbed: Endpoints, namespace: str, tmp_path: Path) -> Iterator[JobWatch]:
+    watch = JobWatch(testbed.kubeconfig, namespace, tmp_path / "jobs.watch")
+    yield watch
+    watch.stop()
+
+
+# ---------------------------------------------------------------------- MLBatch samples
+
+
+def pytorchjob_sample() -> dict[str, Any]:
+    """The unwrapped PyTorchJob of the MLBatch usage guide, as written there."""
+    lines = MLBATCH_USAGE.read_text().splitlines()
+    start = lines.index("kind: PyTorchJob") - 1
+    end = lines.index("", start)
+    doc: dict[str, Any] = yaml.safe_load("\n".join(lines[start:end]))
+    assert doc["apiVersion"] == "kubeflow.org/v1"
+    return doc
+
+
+def mlbatch_sample(name: str) -> dict[str, Any]:
+    """The MLBatch samples by their file names in the guide (samples/<name>.yaml)."""
+    samples = [yaml.safe_load(text) for text in mlbatch_appwrapper_samples()]
+    if name == "job":
+        return next(s for s in samples if [c["template"]["kind"] for c in s["spec"]["components"]] == ["Job"])
+    if name == "job-with-podgroup":
+        return next(
+            s for s in samples if any(c["template"]["kind"] == "PodGroup" for c in s["spec"]["components"])
+        )
+    # The guide submits this one unwrapped; wrapping it is the recommended way.
+    job = pytorchjob_sample()
+    return {
+        "apiVersion": "workload.codeflare.dev/v1beta2",
+        "kind": "AppWrapper",
+        "metadata": {"name": job["metadata"]["name"]},
+        "spec": {"components": [{"template": job}]},
+    }
+
+
+def with_pods_succeeding(aw: dict[str, Any], after: str) -> dict[str, Any]:
+    # The only change made to a sample: the testbed's pods run forever unless told to finish
+    # (pod simulation contract), so every pod template gets `succeed-after`.
+    for component in aw["spec"]["components"]:
+        for pod_set in component_pod_sets(component):
+            pod_template = get_at_path(component["template"], pod_set.path)
+            pod_template.setdefault("metadata", {}).setdefault("annotations", {})[sim.SUCCEED_AFTER] = after
+    return aw
+
+
+@pytest.mark.skipif(not MLBATCH_USAGE.exists(), reason="MLBatch usage guide not available")
+@pytest.mark.parametrize("sample", ["job", "job-with-podgroup", "pytorchjob"])
+async def test_mlbatch_sample_runs_unchanged_to_succeeded(
+    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory, sample: str
+) -> None:
+    kc = testbed.kubeconfig
+    service("lifecycle")
+    aw = with_pods_succeeding(mlbatch_sample(sample), "1s")
+    # No Kueue on the testbed: none of the samples asks to be suspended, so nothing to admit.
+    assert aw["spec"].get("suspend") is not True
+    name = aw["metadata"]["name"]
+    apply(kc, namespace, aw)
+
+    done = await wait_phase(kc, namespace, name, "Succeeded", within=60)
+    status = status_of(done)
+    assert status.get("resettingCount", 0) == 0
+    assert condition(done, "QuotaReserved")["status"] == "False"
+    assert condition(done, "ResourcesDeployed")["reason"] == "Succeeded"
+    assert FINALIZER in done["metadata"]["finalizers"]
+    expected = sum(ps.count for c in aw["spec"]["components"] for ps in component_pod_sets(c))
+    pods = labelled_pods(kc, namespace, name)
+    assert len(pods) == expected and all(p["status"]["phase"] == "Succeeded" for p in pods)
+    # Every component was created, labelled and owned by its AppWrapper.
+    for entry, component in zip(status["componentStatus"], aw["spec"]["components"], strict=True):
+        obj = get_component(kc, namespace, component["template"], entry["name"])
+        assert obj["metadata"]["labels"][APPWRAPPER_LABEL] == name
+        owner = [o for o in obj["metadata"]["ownerReferences"] if o.get("controller")]
+        assert [o["uid"] for o in owner] == [done["metadata"]["uid"]]
+
+
+# ------------------------------------------------------------------------------- resets
+
+
+async def test_pod_failing_once_is_reset_recreated_and_succeeds(
+    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+) -> None:
+    kc = testbed.kubeconfig
+    service("lifecycle")
+    # A retry pause long enough to watch the Resetting phase go by.
+    apply(
+        kc,
+        namespace,
+        job_appwrapper(
+            "once",
+            pod_annotations={sim.SUCCEED_AFTER: "4s"},
+            annotations={RETRY_PAUSE_PERIOD_ANNOTATION: "3s"},
+        ),
+    )
+    await wait_phase(kc, namespace, "once", "Running")
+    first = await until("a running pod", lambda: running_pods(kc, namespace, "once"))
+    first_job_uid = jobs(kc, namespace)[0]["metadata"]["uid"]
+
+    sim.fail_pod(kc, namespace, first[0]["metadata"]["name"], exit_code=1)
+    resetting = await wait_phase(kc, namespace, "once", "Resetting", within=20)
+    assert status_of(resetting)["resettingCount"] == 1
+    assert condition(resetting, "QuotaReserved")["status"] == "True"  # kept throughout the reset
+
+    done = await wait_phase(kc, namespace, "once", "Succeeded", within=40)
+    assert status_of(done)["resettingCount"] == 1
+    [job] = jobs(kc, namespace)
+    assert job["metadata"]["uid"] != first_job_uid  # recreated, not reused
+    pods = labelled_pods(kc, namespace, "once")
+    assert [p["status"]["phase"] for p in pods] == ["Succeeded"]
+    assert pods[0]["metadata"]["name"] != first[0]["metadata"]["name"]
+
+    # Kubernetes Events on the AppWrapper tell the story.
+    reasons = {e["reason"] for e in events_of(kc, namespace, "once")}
+    assert {"Suspended", "Resuming", "Running", "Unhealthy", "Resetting", "Succeeded"} <= reasons
+    # And so does the lifecycle stream.
+    events = await lifecycle_events(testbed.nats_url, namespace, "once")
+    started = [e for e in events if e.event == "ResetStarted"]
+    finished = [e for e in events if e.event == "ResetFinished"]
+    assert [e.resetting_count for e in started] == [1] and [e.resetting_count for e in finished] == [1]
+    assert started[0].reason in {"FoundFailedPods", "FailedComponent"}
+
+
+async def test_always_failing_workload_ends_failed_at_the_retry_limit_with_nothing_left(
+    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+) -> None:
+    kc = testbed.kubeconfig
+    service("lifecycle")
+    apply(
+        kc,
+        namespace,
+        job_appwrapper(
+            "doomed", pod_annotations={sim.FAIL_AFTER: "1s"}, annotations={RETRY_LIMIT_ANNOTATION: "2"}
+        ),
+    )
+    failed = await wait_phase(kc, namespace, "doomed", "Failed", within=60)
+    assert status_of(failed)["resettingCount"] == 2
+    assert condition(failed, "Unhealthy")["status"] == "True"
+    assert "retry limit of 2 is reached" in " ".join(
+        e["message"] for e in events_of(kc, namespace, "doomed") if e["reason"] == "Failed"
+    )
+
+    def cleaned() -> dict[str, Any] | None:
+        aw = get_appwrapper(kc, namespace, "doomed")
+        return aw if condition(aw, "QuotaReserved").get("status") == "False" else None
+
+    final = await until("resources and quota released", cleaned, within=30)
+    assert condition(final, "ResourcesDeployed")["status"] == "False"
+    assert status_of(final)["phase"] == "Failed"
+    assert jobs(kc, namespace) == []
+    assert labelled_pods(kc, namespace, "doomed") == []
+    events = await lifecycle_events(testbed.nats_url, namespace, "doomed")
+    assert [e.resetting_count for e in events if e.event == "ResetStarted"] == [1, 2]
+
+
+# ----------------------------------------------------------------------------- deletion
+
+
+async def test_stuck_terminating_pod_is_removed_only_by_forceful_deletion(
+    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+) -> None:
+    kc = testbed.kubeconfig
+    service("lifecycle")
+    forceful = 3
+    apply(
+        kc,
+        namespace,
+        job_appwrapper(
+            "stuck",
+            pod_annotations={sim.STUCK_TERMINATING: "true"},
+            annotations={FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION: f"{forceful}s"},
+        ),
+    )
+    await wait_phase(kc, namespace, "stuck", "Running")
+    [pod] = await until("a running pod", lambda: running_pods(kc, namespace, "stuck"))
+    pod_name = pod["metadata"]["name"]
+    kubectl(
+        kc, "patch", "appwrapper", "stuck", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}'
+    )
+
+    # The graceful stage: the Job is deleted, its pod is marked for deletion but stays.
+    def terminating() -> dict[str, Any] | None:
+        pods = labelled_pods(kc, namespace, "stuck")
+        return pods[0] if pods and pods[0]["metadata"].get("deletionTimestamp") else None
+
+    stuck = await until("the pod to be terminating", terminating, within=15)
+    assert stuck["metadata"]["name"] == pod_name
+    assert stuck["metadata"]["deletionGracePeriodSeconds"] > 0  # a graceful delete, not forced
+
+    # Until the pod is gone, the resources count as deployed (the quota is not free). The
+    # AppWrapper is read before the pods: once it says "not deployed", the pod must be gone.
+    seen_terminating = last_seen = time.monotonic()
+    while True:
+        aw = get_appwrapper(kc, namespace, "stuck")
+        pods = labelled_pods(kc, namespace, "stuck")
+        if condition(aw, "ResourcesDeployed")["status"] == "False":
+            assert pods == [], "ResourcesDeployed turned False while a pod was left"
+            break
+        assert status_of(aw)["phase"] == "Suspending"
+        if pods:
+            last_seen = time.monotonic()
+        assert time.monotonic() - seen_terminating < 30, "the stuck pod was never removed"
+        await asyncio.sleep(0.1)
+    # The graceful delete alone never removed it: it stayed until the forceful deadline.
+    assert last_seen - seen_terminating >= forceful - 1.5
+
+    suspended = await wait_phase(kc, namespace, "stuck", "Suspended", within=15)
+    assert condition(suspended, "ResourcesDeployed")["status"] == "False"
+    assert condition(suspended, "QuotaReserved")["status"] == "False"
+
+    # The escalation happened, once, with the stuck pod still there.
+    events = await lifecycle_events(testbed.nats_url, namespace, "stuck")
+    forced = [e for e in events if e.event == "DeletionForceful"]
+    assert len(forced) == 1, events
+    assert "1 pods (1 stuck terminating)" in forced[0].message
+    assert f"ForcefulDeletionGracePeriod of {forceful}s" in forced[0].message
+    reasons = [e["reason"] for e in events_of(kc, namespace, "stuck")]
+    assert reasons.count("ForcefulDeletion") == 1
+
+
+async def test_suspend_deletes_everything_and_resume_runs_again(
+    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+) -> None:
+    kc = testbed.kubeconfig
+    service("lifecycle")
+    apply(kc, namespace, job_appwrapper("pausable", parallelism=2))
+    await wait_phase(kc, namespace, "pausable", "Running")
+    await until("two running pods", lambda: len(running_pods(kc, namespace, "pausable")) == 2)
+    [job] = jobs(kc, namespace)
+
+    patch = ["patch", "appwrapper", "pausable", "-n", namespace, "--type=merge", "-p"]
+    kubectl(kc, *patch, '{"spec":{"suspend":true}}')
+    suspended = await wait_phase(kc, namespace, "pausable", "Suspended", within=20)
+    assert condition(suspended, "QuotaReserved")["status"] == "False"
+    assert condition(suspended, "ResourcesDeployed")["status"] == "False"
+    assert jobs(kc, namespace) == []
+    assert labelled_pods(kc, namespace, "pausable") == []
+    events = await lifecycle_events(testbed.nats_url, namespace, "pausable")
+    assert ("Running", "Suspending") in [(e.previous_phase, e.phase) for e in events]
+
+    kubectl(kc, *patch, '{"spec":{"suspend":false}}')
+    running = await wait_phase(kc, namespace, "pausable", "Running", within=20)
+    assert condition(running, "QuotaReserved")["status"] == "True"
+    await until("two running pods again", lambda: len(running_pods(kc, namespace, "pausable")) == 2)
+    [again] = jobs(kc, namespace)
+    assert again["metadata"]["uid"] != job["metadata"]["uid"]
+    assert status_of(running).get("resettingCount", 0) == 0  # a suspension is not a reset
+
+
+async def test_component_deleted_behind_the_controllers_back_fails_the_appwrapper(
+    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+) -> None:
+    kc = testbed.kubeconfig
+    service("lifecycle")
+    apply(kc, namespace, job_appwrapper("victim"))
+    await wait_phase(kc, namespace, "victim", "Running")
+    await until("a running pod", lambda: running_pods(kc, namespace, "victim"))
+
+    sim.delete_component(kc, namespace, "job", "victim-job")
+    failed = await wait_phase(kc, namespace, "victim", "Failed", within=20)
+    assert condition(failed, "Unhealthy")["reason"] == "MissingComponent"
+    assert status_of(failed).get("resettingCount", 0) == 0  # no retry, whatever the limit
+    await until(
+        "everything removed", lambda: not jobs(kc, namespace) and not labelled_pods(kc, namespace, "victim")
+    )
+    await until(
+        "quota released",
+        lambda: condition(get_appwrapper(kc, namespace, "victim"), "QuotaReserved").get("status") == "False",
+    )
+
+
+async def test_deleting_the_appwrapper_mid_reset_leaves_nothing_behind(
+    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+) -> None:
+    kc = testbed.kubeconfig
+    service("lifecycle")
+    # Pods that only a forceful delete removes keep the reset's deletion going while the
+    # AppWrapper is deleted; a long pause would keep it in Resetting afterwards.
+    apply(
+        kc,
+        namespace,
+        job_appwrapper(
+            "doomed",
+            parallelism=2,
+            pod_annotations={sim.STUCK_TERMINATING: "true"},
+            annotations={
+                RETRY_PAUSE_PERIOD_ANNOTATION: "60s",
+                FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION: "4s",
+            },
+        ),
+    )
+    await wait_phase(kc, namespace, "doomed", "Running")
+    pods = await until("two running pods", lambda: exactly_running(kc, namespace, "doomed", 2))
+    sim.fail_pod(kc, namespace, pods[0]["metadata"]["name"])
+    mid = await wait_phase(kc, namespace, "doomed", "Resetting", within=20)
+    assert condition(mid, "ResourcesDeployed")["status"] == "True"  # the reset's deletion is under way
+
+    kubectl(kc, "delete", "appwrapper", "doomed", "-n", namespace, "--wait=false")
+    await until(
+        "the AppWrapper to be gone", lambda: get_appwrapper(kc, namespace, "doomed") is None, within=30
+    )
+    assert jobs(kc, namespace) == []
+    assert labelled_pods(kc, namespace, "doomed") == []
+    events = await lifecycle_events(testbed.nats_url, namespace, "doomed")
+    assert "Terminating" in [e.phase for e in events if e.event == "PhaseChanged"]
+
+
+# ------------------------------------------------------------------ restarts and replicas
+
+
+async def test_lifecycle_killed_mid_reset_is_replaced_and_the_reset_completes_with_the_right_count(
+    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+) -> None:
+    kc = testbed.kubeconfig
+    lifecycle = service("lifecycle")
+    # Pods that only a forceful delete removes hold the reset in its deletion stage, so the
+    # kill lands in the middle of it.
+    apply(
+        kc,
+        namespace,
+        job_appwrapper(
+            "phoenix",
+            parallelism=2,
+            pod_annotations={sim.SUCCEED_AFTER: "5s", sim.STUCK_TERMINATING: "true"},
+            annotations={
+                RETRY_PAUSE_PERIOD_ANNOTATION: "3s",
+                FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION: "3s",
+            },
+        ),
+    )
+    await wait_phase(kc, namespace, "phoenix", "Running")
+    pods = await until("two running pods", lambda: exactly_running(kc, namespace, "phoenix", 2))
+    first_job_uid = jobs(kc, namespace)[0]["metadata"]["uid"]
+
+    sim.fail_pod(kc, namespace, pods[0]["metadata"]["name"])
+    await wait_phase(kc, namespace, "phoenix", "Resetting", within=20)
+    lifecycle.kill()
+    assert not lifecycle.alive()
+    killed_during = get_appwrapper(kc, namespace, "phoenix")
+    assert status_of(killed_during)["resettingCount"] == 1
+    assert condition(killed_during, "ResourcesDeployed")["status"] == "True"  # still deleting
+
+    # With no lifecycle running, the reset stands still past its forceful deadline and pause...
+    await asyncio.sleep(4)
+    stalled = get_appwrapper(kc, namespace, "phoenix")
+    assert status_of(stalled)["phase"] == "Resetting"
+    assert condition(stalled, "ResourcesDeployed")["status"] == "True"
+    assert [p["metadata"]["name"] for p in labelled_pods(kc, namespace, "phoenix")] == [
+        pods[1]["metadata"]["name"]
+    ]
+    # ...and a new instance, knowing only what the status says, completes it.
+    service("lifecycle", instance="2")
+
+    done = await wait_phase(kc, namespace, "phoenix", "Succeeded", within=40)
+    assert status_of(done)["resettingCount"] == 1
+    [job] = jobs(kc, namespace)
+    assert job["metadata"]["uid"] != first_job_uid
+    assert {p["status"]["phase"] for p in labelled_pods(kc, namespace, "phoenix")} == {"Succeeded"}
+    events = await lifecycle_events(testbed.nats_url, namespace, "phoenix")
+    assert [e.resetting_count for e in events if e.event == "ResetStarted"] == [1]
+    assert [e.resetting_count for e in events if e.event == "ResetFinished"] == [1]
+    assert len([e for e in events if e.event == "DeletionForceful"]) == 1
+
+
+async def test_two_lifecycle_instances_reset_once_and_create_once_per_attempt(
+    testbed: Endpoints,
+    observers: None,
+    namespace: str,
+    service: ServiceFactory,
+    job_watch: JobWatch,
+) -> None:
+    kc = testbed.kubeconfig
+    # Frequent resyncs make both instances reconcile the same AppWrapper at the same time.
+    fast_resync = {"RESPAWN_LIFECYCLE_RESYNC_SECONDS": "0.3"}
+    service("lifecycle", instance="a", env=fast_resync)
+    service("lifecycle", instance="b", env=fast_resync)
+    apply(kc, namespace, job_appwrapper("twin", pod_annotations={sim.SUCCEED_AFTER: "4s"}))
+    await wait_phase(kc, namespace, "twin", "Running")
+    [pod] = await until("a running pod", lambda: running_pods(kc, namespace, "twin"))
+    assert len(job_watch.created_uids()) == 1
+
+    sim.fail_pod(kc, namespace, pod["metadata"]["name"])
+    done = await wait_phase(kc, namespace, "twin", "Succeeded", within=40)
+    assert status_of(done)["resettingCount"] == 1
+    [job] = jobs(kc, namespace)
+    uids = job_watch.created_uids()
+    assert len(uids) == 2, f"expected one Job per attempt, saw {uids}"
+    assert uids[-1] == job["metadata"]["uid"]
+    events = await lifecycle_events(testbed.nats_url, namespace, "twin")
+    assert [e.resetting_count for e in events if e.event == "ResetStarted"] == [1]
+    assert [e.resetting_count for e in events if e.event == "ResetFinished"] == [1]
