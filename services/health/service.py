@@ -21,6 +21,8 @@ import uuid
 from datetime import UTC, datetime
 
 from nats.js import api
+from opentelemetry import trace
+from opentelemetry.context import Context
 
 from services.health.rules import evaluate
 from services.health.state import AppWrapperHealth, apply, remember_published
@@ -40,6 +42,7 @@ from shared.messages import (
 from shared.runtime import Runtime, entry
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("respawn.health")
 
 VERDICTS = metrics.counter(
     "respawn_health_verdicts", "Verdicts published, by state and reason", ["state", "reason"]
@@ -74,6 +77,7 @@ class HealthService:
         self.deadlines: list[tuple[datetime, Key]] = []
         self.wake = asyncio.Event()
         self.dirty: set[Key] = set()
+        self.trace_contexts: dict[Key, Context] = {}
         self.dirty_event = asyncio.Event()
         self.caught_up = False
 
@@ -106,7 +110,18 @@ class HealthService:
         decision = evaluate(state, now)
         v = decision.verdict
         if v is not None:
-            await self.rt.bus.publish(subjects.verdict(key[0], key[1]), v, msg_id=decision.msg_id)
+            # Publish in the trace of the observation that changed this AppWrapper last (e.g. the
+            # pod that failed), so the incident is one trace from the watcher to the reset.
+            with tracer.start_as_current_span(
+                "health.verdict",
+                context=self.trace_contexts.get(key),
+                attributes={
+                    "appwrapper": f"{key[0]}/{key[1]}",
+                    "verdict.state": v.state,
+                    "verdict.reason": v.reason,
+                },
+            ):
+                await self.rt.bus.publish(subjects.verdict(key[0], key[1]), v, msg_id=decision.msg_id)
             VERDICTS.labels(state=v.state, reason=v.reason or "-").inc()
             log.info(
                 "verdict %s/%s %s %s%s",
@@ -118,6 +133,7 @@ class HealthService:
             )
             if v.state == "Deleted":
                 self.states.pop(key, None)
+                self.trace_contexts.pop(key, None)
                 TRACKED.set(len(self.states))
                 return
             # Observations folded in while the publish was in flight are kept: only record the
@@ -174,6 +190,7 @@ class HealthService:
         if key is None:
             return
         self.states[key] = apply(self.state_for(key), message)  # type: ignore[arg-type]
+        self.trace_contexts[key] = delivery.trace_context
         if self.caught_up:
             self.mark_dirty(key)
         elif delivery.num_pending == 0:

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from services.autopilot.exclusion import decide_exclusions
@@ -77,6 +78,8 @@ CONFLICTS = metrics.counter(
 RECONCILES = metrics.counter("respawn_lifecycle_reconciles", "Reconcile passes, by outcome", ["outcome"])
 
 Key = tuple[str, str]
+# Phases that end an incident's trace (besides Running again after a reset).
+_INCIDENT_ENDS = ("Succeeded", "Failed", "Suspended")
 
 
 def utcnow() -> datetime:
@@ -109,6 +112,7 @@ class Lifecycle:
         self.aw_ref: ResourceRef | None = None
         self.pods_ref: ResourceRef | None = None
         self.latest: dict[Key, Verdict] = {}
+        self.incidents: dict[Key, otel_context.Context] = {}
         self.locks: dict[Key, asyncio.Lock] = {}
         self.queue: asyncio.Queue[Key] = asyncio.Queue()
         self.queued: set[Key] = set()
@@ -204,8 +208,15 @@ class Lifecycle:
     async def reconcile_key(self, key: Key, verdict: Verdict | None) -> VerdictUse:
         lock = self.locks.setdefault(key, asyncio.Lock())
         async with lock:
+            # A verdict arrives inside its incident's trace (the bus continues the producer's
+            # context). Later passes of the same reset (deletion stages, recreation) are
+            # triggered by observations and timers, so they rejoin the incident's trace here.
+            incident = self.incidents.get(key)
+            parent = None if verdict is not None and verdict.state == "Unhealthy" else incident
             with tracer.start_as_current_span(
-                "lifecycle.reconcile", attributes={"appwrapper.namespace": key[0], "appwrapper.name": key[1]}
+                "lifecycle.reconcile",
+                context=parent,
+                attributes={"appwrapper.namespace": key[0], "appwrapper.name": key[1]},
             ):
                 return await self._reconcile(key, verdict)
 
@@ -245,6 +256,7 @@ class Lifecycle:
                     continue
                 raise TransientError(f"writing AppWrapper {key[0]}/{key[1]}: {exc}") from exc
             await self.exclude_failed_nodes(aw, plan)
+            self.track_incident(key, plan)
             if plan.requeue_at is not None:
                 self.requeue_at(plan.requeue_at, key)
             creates = [a for a in plan.actions if isinstance(a, CreateComponent)]
@@ -369,6 +381,14 @@ class Lifecycle:
             # Gone already: another replica removed the finalizer first, which is the goal.
             if not exc.not_found:
                 raise
+
+    def track_incident(self, key: Key, plan: Plan) -> None:
+        """Remember the trace of a reset until the workload runs again (or ends)."""
+        kinds = {a.event.event for a in plan.actions if isinstance(a, PublishLifecycleEvent)}
+        if LifecycleEventType.RESET_STARTED in kinds:
+            self.incidents[key] = otel_context.get_current()
+        elif LifecycleEventType.PHASE_CHANGED in kinds and plan.phase in ("Running", *_INCIDENT_ENDS):
+            self.incidents.pop(key, None)
 
     async def exclude_failed_nodes(self, aw: Mapping[str, Any], plan: Plan) -> None:
         """Node exclusion on retry: keep the next attempt off the nodes where pods just failed.
