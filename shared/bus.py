@@ -21,7 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
+import re
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -680,6 +683,19 @@ class Consumer(Generic[M]):
 
 
 # ------------------------------------------------------------------ the bus
+
+
+def replay_consumer_name(service: str, instance: str | None = None) -> str:
+    """A durable name for one run of one replica that replays a stream into memory.
+
+    Unique on every start (reusing a durable would resume after the last ack instead of
+    replaying, while the previous run's in-memory state is gone) and valid in NATS (no dots or
+    wildcards, which host names may contain). The server removes it once the run is gone (see
+    ``inactive_threshold`` of :meth:`Bus.consume`).
+    """
+    raw = instance or os.environ.get("RESPAWN_INSTANCE") or f"{socket.gethostname()}-{os.getpid()}"
+    safe = re.sub(r"[^A-Za-z0-9_-]+", "-", raw).strip("-")[:64] or "replica"
+    return f"{service}-{safe}-{uuid.uuid4().hex[:8]}"
 
 
 class Bus:

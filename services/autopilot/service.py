@@ -22,9 +22,7 @@ import hashlib
 import json
 import logging
 import os
-import re
 import socket
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,7 +32,7 @@ import nats.js.errors
 from services.autopilot.nodes import NodeHealthState, ResourceNodes, apply, verdicts
 from services.autopilot.taints import NO_EXECUTE, NO_SCHEDULE, PREFER_NO_SCHEDULE, Effect, ResourceTaints
 from shared import metrics, subjects
-from shared.bus import Consumer, Delivery, TransientError
+from shared.bus import Consumer, Delivery, TransientError, replay_consumer_name
 from shared.messages import InvalidMessage, NodeObservation, NodeVerdict, decode
 from shared.runtime import Runtime, entry
 
@@ -63,13 +61,8 @@ def utcnow() -> datetime:
 
 
 def consumer_name(instance: str) -> str:
-    """A durable name for one run of one replica: unique, and valid in NATS (no dots, no wildcards).
-
-    A fresh name on every start matters: reusing a durable would resume after the last ack
-    instead of replaying, and the in-memory state of the previous run is gone.
-    """
-    safe = re.sub(r"[^A-Za-z0-9_-]+", "-", instance).strip("-")[:64] or "replica"
-    return f"autopilot-{safe}-{uuid.uuid4().hex[:8]}"
+    """See :func:`shared.bus.replay_consumer_name`."""
+    return replay_consumer_name("autopilot", instance)
 
 
 def instance_name() -> str:

@@ -15,9 +15,6 @@ import asyncio
 import contextlib
 import heapq
 import logging
-import os
-import socket
-import uuid
 from datetime import UTC, datetime
 
 from nats.js import api
@@ -27,7 +24,7 @@ from opentelemetry.context import Context
 from services.health.rules import evaluate
 from services.health.state import AppWrapperHealth, apply, remember_published
 from shared import metrics, subjects
-from shared.bus import Delivery
+from shared.bus import Delivery, replay_consumer_name
 from shared.messages import (
     AnyObservation,
     AppWrapperObservation,
@@ -60,12 +57,6 @@ EVAL_WINDOW = 256
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def instance_id() -> str:
-    return (
-        os.environ.get("RESPAWN_INSTANCE") or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    )
 
 
 class HealthService:
@@ -262,7 +253,7 @@ class HealthService:
     async def run(self) -> None:
         self.rt.add_check("replayed", lambda: self.caught_up)
         await self.seed_last_verdicts()
-        me = f"health-{instance_id()}"
+        me = replay_consumer_name("health")
         timer = asyncio.create_task(self.timer(), name="health-deadlines")
         evaluator = asyncio.create_task(self.evaluator(), name="health-evaluator")
         await self.rt.bus.consume(
