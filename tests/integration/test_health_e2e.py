@@ -13,8 +13,9 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from shared.messages import PodObservation, Verdict, decode
 from shared.testbed import sim
 from shared.testbed.cluster import kubectl
 from shared.testbed.modes import Endpoints
+from shared.testbed.services import ServiceProcess
 from tests.integration.conftest import ServiceFactory
 from tests.integration.observe import Observer
 
@@ -135,17 +137,24 @@ async def pod_names(kubeconfig: Path, namespace: str, *, count: int = 1) -> list
 class Stack:
     kubeconfig: Path
     nats_url: str
-    # The health instance's observation consumer, to tell when it has processed an observation.
-    health_consumer: str
+    # RESPAWN_INSTANCE of the health process: its observation consumer is named after it.
+    health_instance: str
+    health: ServiceProcess
+    service: ServiceFactory
 
 
 @pytest.fixture
 def stack(testbed: Endpoints, appwrapper_crd: Path, service: ServiceFactory) -> Stack:
     instance = uuid.uuid4().hex[:8]
-    service("watcher")
-    service("health", env={"RESPAWN_INSTANCE": instance})
-    service("lifecycle")
-    return Stack(testbed.kubeconfig, testbed.nats_url, health_consumer=f"health-{instance}")
+    # Started side by side: each start waits for its process to be ready, which takes seconds.
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        starts = [
+            pool.submit(service, "watcher"),
+            pool.submit(service, "health", env={"RESPAWN_INSTANCE": instance}),
+            pool.submit(service, "lifecycle"),
+        ]
+        health = [started.result() for started in starts][1]
+    return Stack(testbed.kubeconfig, testbed.nats_url, instance, health, service)
 
 
 @dataclass
@@ -279,6 +288,11 @@ def unschedulable(kubeconfig: Path, namespace: str, name: str) -> bool:
     )
 
 
+def quota_refused(kubeconfig: Path, namespace: str) -> bool:
+    events = get(kubeconfig, namespace, "events", "--field-selector", "reason=FailedCreate")["items"]
+    return any("exceeded quota" in e.get("message", "") for e in events)
+
+
 async def test_pod_stuck_in_init_is_unhealthy_after_warmup(stack: Stack, nc: Any, namespace: str) -> None:
     kc = stack.kubeconfig
     verdicts = await feed(nc, namespace, "si")
@@ -291,7 +305,7 @@ async def test_pod_stuck_in_init_is_unhealthy_after_warmup(stack: Stack, nc: Any
             **{
                 ADMISSION_GRACE_PERIOD_ANNOTATION: "1s",
                 WARMUP_GRACE_PERIOD_ANNOTATION: "2s",
-                FAILURE_GRACE_PERIOD_ANNOTATION: "2s",
+                FAILURE_GRACE_PERIOD_ANNOTATION: "3s",
                 RETRY_LIMIT_ANNOTATION: "0",
             },
         ),
@@ -304,7 +318,7 @@ async def test_pod_stuck_in_init_is_unhealthy_after_warmup(stack: Stack, nc: Any
     # All expected pods exist, so the warmup period applies, then the failure grace period.
     assert final.attempt_started_at is not None
     assert final.first_unhealthy_at == final.attempt_started_at + timedelta(seconds=2)
-    assert final.deadline == final.attempt_started_at + timedelta(seconds=4)
+    assert final.deadline == final.attempt_started_at + timedelta(seconds=5)
     assert "1 pods pending; 0 pods running" in final.message and "warmup" in final.message
     assert final.terminal is False
 
@@ -321,7 +335,7 @@ async def test_pod_never_scheduled_is_unhealthy_after_warmup(stack: Stack, nc: A
             **{
                 ADMISSION_GRACE_PERIOD_ANNOTATION: "1s",
                 WARMUP_GRACE_PERIOD_ANNOTATION: "2s",
-                FAILURE_GRACE_PERIOD_ANNOTATION: "1s",
+                FAILURE_GRACE_PERIOD_ANNOTATION: "2s",
                 RETRY_LIMIT_ANNOTATION: "0",
             },
         ),
@@ -331,7 +345,7 @@ async def test_pod_never_scheduled_is_unhealthy_after_warmup(stack: Stack, nc: A
 
     # An unscheduled pod exists (Pending), as upstream counts it: the warmup period applies.
     assert final.attempt_started_at is not None
-    assert final.deadline == final.attempt_started_at + timedelta(seconds=3)
+    assert final.deadline == final.attempt_started_at + timedelta(seconds=4)
     assert "1 pods pending; 0 pods running; 0 pods succeeded" in final.message
     assert final.terminal is False
 
@@ -351,6 +365,11 @@ async def test_pods_that_cannot_be_created_are_unhealthy_after_admission(
             "spec": {"hard": {"pods": "1"}},
         },
     )
+    # Until the quota controller has computed its usage, admission refuses every pod.
+    await eventually(
+        "the quota's usage computed",
+        lambda: "used" in get(kc, namespace, "resourcequota", "one-pod")["status"],
+    )
     verdicts = await feed(nc, namespace, "adm")
     apply(
         kc,
@@ -361,14 +380,16 @@ async def test_pods_that_cannot_be_created_are_unhealthy_after_admission(
             **{
                 ADMISSION_GRACE_PERIOD_ANNOTATION: "1s",
                 WARMUP_GRACE_PERIOD_ANNOTATION: "1m",
-                FAILURE_GRACE_PERIOD_ANNOTATION: "2s",
+                FAILURE_GRACE_PERIOD_ANNOTATION: "3s",
                 RETRY_LIMIT_ANNOTATION: "0",
             },
         ),
     )
+    # One pod of two is created, the other refused (checked before the AppWrapper fails and
+    # lifecycle deletes its resources).
+    await eventually("one pod created", lambda: len(get(kc, namespace, "pods")["items"]) == 1)
+    await eventually("the second pod refused by the quota", lambda: quota_refused(kc, namespace))
     grace = await verdicts.wait(healthy(Reason.INSUFFICIENT_PODS_READY))
-    # Still inside the failure grace period, so nothing has been deleted yet: one pod of two.
-    assert len(get(kc, namespace, "pods")["items"]) == 1
     final = await verdicts.wait(unhealthy(Reason.INSUFFICIENT_PODS_READY))
 
     # Not every expected pod exists: the admission period applies (not the one-minute warmup).
@@ -378,7 +399,7 @@ async def test_pods_that_cannot_be_created_are_unhealthy_after_admission(
         == grace.first_unhealthy_at
         == final.attempt_started_at + timedelta(seconds=1)
     )
-    assert final.deadline == grace.deadline == final.attempt_started_at + timedelta(seconds=3)
+    assert final.deadline == grace.deadline == final.attempt_started_at + timedelta(seconds=4)
     assert "expected 2" in final.message and "admission" in final.message
 
 
@@ -487,8 +508,8 @@ async def test_idle_healthy_appwrapper_produces_no_verdict_churn(
     finally:
         sim.label_node(kc, pod["spec"]["nodeName"], "respawn.dev/churn-test", None)
 
-    # Wait until health has processed the last of those updates (acknowledged it), checking all
-    # the while that nothing new was published.
+    # Wait until health has taken in the last of those updates (acknowledged it), then for a
+    # quiet second in which it evaluates them, checking all the while that nothing was published.
     js = nc.jetstream()
     obs_subject = subjects.appwrapper_obs(namespace, "idle", "pod", "idle-0")
     async with Observer(stack.nats_url) as obs:
@@ -500,16 +521,29 @@ async def test_idle_healthy_appwrapper_produces_no_verdict_churn(
         )
     last_seq = (await js.get_last_msg(OBSERVATIONS, obs_subject)).seq
 
-    async def processed() -> bool:
-        info = await js.consumer_info(OBSERVATIONS, stack.health_consumer)
-        return bool(info.ack_floor.stream_seq >= last_seq)
+    async def taken_in() -> bool:
+        # health-<instance>[-<run>]: unique per run, so it is found by its prefix.
+        consumers = await js.consumers_info(OBSERVATIONS)
+        ours = [c for c in consumers if c.name.startswith(f"health-{stack.health_instance}")]
+        assert len(ours) == 1, f"expected one observation consumer of this health instance: {ours}"
+        return bool(ours[0].ack_floor.stream_seq >= last_seq)
 
     deadline = time.monotonic() + 20
-    while not await processed():
+    while not await taken_in():
         assert await verdicts.count() == 1, "a verdict was published for an unchanged state"
-        assert time.monotonic() < deadline, "health did not process the pod updates within 20s"
+        assert time.monotonic() < deadline, "health did not take in the pod updates within 20s"
         await asyncio.sleep(0.1)
-    assert await verdicts.count() == 1, "a verdict was published for an unchanged state"
+    quiet_until = time.monotonic() + 1.0
+    while time.monotonic() < quiet_until:
+        assert await verdicts.count() == 1, "a verdict was published for an unchanged state"
+        await asyncio.sleep(0.1)
+
+    # A real change, made after those updates, is the very next verdict: health is alive and
+    # nothing was published in between.
+    sim.fail_pod(kc, namespace, "idle-0", exit_code=7)
+    change = await verdicts.wait(healthy(Reason.FOUND_FAILED_PODS))
+    assert [v.seq for v in verdicts.seen] == [1, 2] and change.seq == 2
+    assert await verdicts.count() == 2
 
 
 async def test_malformed_annotation_is_reported_and_the_default_is_used(
@@ -534,3 +568,34 @@ async def test_malformed_annotation_is_reported_and_the_default_is_used(
     # The operator default (1m) is the failure grace period in force.
     assert grace.first_unhealthy_at is not None and grace.deadline is not None
     assert grace.deadline - grace.first_unhealthy_at == DEFAULT_FAILURE_GRACE
+
+
+async def test_a_grace_period_survives_a_restart_of_health(stack: Stack, nc: Any, namespace: str) -> None:
+    kc = stack.kubeconfig
+    verdicts = await feed(nc, namespace, "rs")
+    apply(
+        kc,
+        namespace,
+        appwrapper(
+            "rs",
+            pod_component("rs-0", annotations={sim.FAIL_AFTER: "1s"}),
+            **{FAILURE_GRACE_PERIOD_ANNOTATION: "6s", RETRY_LIMIT_ANNOTATION: "0"},
+        ),
+    )
+    grace = await verdicts.wait(healthy(Reason.FOUND_FAILED_PODS))
+    assert grace.deadline is not None
+    # Killed inside the grace period; its replacement rebuilds the state from the streams.
+    stack.health.kill()
+    stack.service("health", instance="2", env={"RESPAWN_INSTANCE": f"{uuid.uuid4().hex[:8]}-2"})
+    assert datetime.now(UTC) < grace.deadline, "the restart took longer than the grace period"
+    final = await verdicts.wait(unhealthy(Reason.FOUND_FAILED_PODS))
+
+    # The deadline computed before the restart holds after it (it comes from the pod, not a timer).
+    assert final.deadline == grace.deadline and final.first_unhealthy_at == grace.first_unhealthy_at
+    assert final.decided_at >= grace.deadline
+    # Nothing was repeated: one verdict per change, seq continuing across the restart.
+    assert [v.seq for v in verdicts.seen] == list(range(1, len(verdicts.seen) + 1))
+    assert [v.reason for v in verdicts.seen if v.state == "Healthy" and v.reason] == [
+        Reason.FOUND_FAILED_PODS
+    ]
+    assert await verdicts.count() == len(verdicts.seen)
