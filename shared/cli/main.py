@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from shared.cli import explain, status, tail
 from shared.testbed.errors import TestbedError
 
 app = typer.Typer(
@@ -22,6 +23,9 @@ local_app = typer.Typer(
 app.add_typer(local_app, name="local")
 
 CLI_OUTPUT_VERSION = "respawn.cli/v1"
+
+for _command in (status, tail, explain):
+    _command.register(app, output_version=CLI_OUTPUT_VERSION)
 
 StateDir = typer.Option(
     Path(".respawn"), "--state-dir", help="Where the testbed keeps its state, logs and kubeconfig."

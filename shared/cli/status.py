@@ -1,0 +1,301 @@
+"""`respawn status`: the AppWrappers of a cluster at a glance.
+
+Rendering is pure (rows from AppWrapper objects, table and JSON from rows and a clock); the
+Kubernetes I/O is kept to :func:`fetch_appwrappers`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from shared.appwrapper.constants import GROUP, KIND, PLURAL, VERSION, ConditionStatus, ConditionType
+from shared.appwrapper.params import effective_fault_tolerance
+from shared.faulttolerance import FaultTolerance
+
+if TYPE_CHECKING:  # kubernetes_asyncio is slow to import; only `status` itself needs it
+    from shared.kube.client import Kube, KubeApiError
+
+__all__ = [
+    "CliError",
+    "StatusRow",
+    "fetch_appwrappers",
+    "format_age",
+    "parse_time",
+    "register",
+    "status_json",
+    "status_row",
+    "status_rows",
+    "status_table",
+]
+
+# Short, so that an unreachable API server is reported promptly instead of after a long hang.
+REQUEST_TIMEOUT = 10.0
+
+
+class CliError(Exception):
+    """A failure to report as one ``error: ...`` line (and exit 1)."""
+
+
+# ------------------------------------------------------------------------------ pure rendering
+
+
+@dataclass(frozen=True, slots=True)
+class StatusRow:
+    namespace: str
+    name: str
+    phase: str
+    resetting_count: int
+    retry_limit: int
+    # The reason of the Unhealthy condition while it is True, else "".
+    unhealthy_reason: str
+    # The newest lastTransitionTime among the conditions (None: no conditions yet).
+    last_transition: datetime | None
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp as the API server writes it, or None if absent or malformed."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def status_row(appwrapper: Mapping[str, Any], defaults: FaultTolerance) -> StatusRow:
+    """One AppWrapper's row; ``defaults`` are the operator's, overridden by its annotations."""
+    meta = _mapping(appwrapper.get("metadata"))
+    status = _mapping(appwrapper.get("status"))
+    annotations = {str(k): v for k, v in _mapping(meta.get("annotations")).items()}
+    conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+    unhealthy = next((c for c in conditions if c.get("type") == ConditionType.UNHEALTHY), {})
+    times = [t for t in (parse_time(c.get("lastTransitionTime")) for c in conditions) if t is not None]
+    count = status.get("resettingCount")
+    return StatusRow(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        phase=str(status.get("phase") or ""),
+        resetting_count=count if isinstance(count, int) else 0,
+        retry_limit=effective_fault_tolerance(annotations, defaults).ft.retry_limit,
+        unhealthy_reason=(
+            str(unhealthy.get("reason") or "") if unhealthy.get("status") == ConditionStatus.TRUE else ""
+        ),
+        last_transition=max(times) if times else None,
+    )
+
+
+def status_rows(appwrappers: Iterable[Mapping[str, Any]], defaults: FaultTolerance) -> list[StatusRow]:
+    """Rows ordered by namespace, then name."""
+    return sorted((status_row(aw, defaults) for aw in appwrappers), key=lambda r: (r.namespace, r.name))
+
+
+def format_age(delta: timedelta) -> str:
+    """A compact age in the style of kubectl: 45s, 3m12s, 2h5m, 3d4h (negative clamps to 0s)."""
+    total = max(0, int(delta.total_seconds()))
+    days, rest = divmod(total, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h" if hours else f"{days}d"
+    if hours:
+        return f"{hours}h{minutes}m" if minutes else f"{hours}h"
+    if minutes:
+        return f"{minutes}m{seconds}s" if seconds else f"{minutes}m"
+    return f"{seconds}s"
+
+
+def status_table(rows: Sequence[StatusRow], now: datetime) -> Table:
+    table = Table(
+        "NAMESPACE", "NAME", "PHASE", "ATTEMPTS", "UNHEALTHY", "LAST TRANSITION", box=None, pad_edge=False
+    )
+    for row in rows:
+        table.add_row(
+            row.namespace,
+            row.name,
+            row.phase or "-",
+            f"{row.resetting_count}/{row.retry_limit}",
+            row.unhealthy_reason or "-",
+            format_age(now - row.last_transition) if row.last_transition else "-",
+        )
+    return table
+
+
+def _rfc3339(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status_json(rows: Sequence[StatusRow], now: datetime, version: str) -> dict[str, Any]:
+    """The ``-o json`` document (docs/cli.md)."""
+    return {
+        "version": version,
+        "appwrappers": [
+            {
+                "namespace": row.namespace,
+                "name": row.name,
+                "phase": row.phase,
+                "resettingCount": row.resetting_count,
+                "retryLimit": row.retry_limit,
+                "unhealthyReason": row.unhealthy_reason,
+                "lastTransitionTime": _rfc3339(row.last_transition) if row.last_transition else None,
+                "lastTransitionAgeSeconds": (
+                    max(0, int((now - row.last_transition).total_seconds())) if row.last_transition else None
+                ),
+            }
+            for row in rows
+        ],
+    }
+
+
+# ------------------------------------------------------------------------------ Kubernetes I/O
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def kubeconfig_path(explicit: str | None) -> str | None:
+    """The kubeconfig to use: the option/KUBECONFIG (first entry of a path list), else
+    ~/.kube/config as kubectl would; None inside a pod (service account)."""
+    if explicit:
+        entries = [p for p in explicit.split(os.pathsep) if p]
+        existing = [p for p in entries if Path(p).expanduser().is_file()]
+        if not existing:
+            raise CliError(f"kubeconfig {explicit} does not exist; check --kubeconfig or KUBECONFIG")
+        return str(Path(existing[0]).expanduser())
+    home = Path("~/.kube/config").expanduser()
+    if home.is_file():
+        return str(home)
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None
+    raise CliError("no cluster configured: set KUBECONFIG or pass --kubeconfig")
+
+
+def context_namespace(kubeconfig: str | None) -> str:
+    """The current context's namespace (as kubectl uses it), else "default"."""
+    if kubeconfig is None:
+        sa = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+        return sa.read_text().strip() if sa.is_file() else "default"
+    try:
+        config = _mapping(yaml.safe_load(Path(kubeconfig).read_text()))
+    except (OSError, yaml.YAMLError):
+        return "default"
+    current = config.get("current-context")
+    for ctx in config.get("contexts") or []:
+        if isinstance(ctx, Mapping) and ctx.get("name") == current:
+            return str(_mapping(ctx.get("context")).get("namespace") or "default")
+    return "default"
+
+
+async def connect_kube(kubeconfig: str | None) -> Kube:
+    from shared.kube.client import Kube
+
+    try:
+        return await Kube.connect(kubeconfig)
+    except Exception as exc:  # kubernetes_asyncio raises ConfigException, OSError, YAML errors...
+        where = kubeconfig or "the in-cluster service account"
+        raise CliError(f"cannot use {where}: {_one_line(str(exc)) or type(exc).__name__}") from exc
+
+
+def _api_error(kube: Kube, exc: KubeApiError) -> CliError:
+    host = getattr(kube.api.configuration, "host", "") or "the API server"
+    if exc.status == 0:
+        return CliError(f"cannot reach the Kubernetes API server at {host}: {_one_line(exc.message)}")
+    if exc.status in (401, 403):
+        return CliError(f"the Kubernetes API server at {host} refused access: {_one_line(exc.message)}")
+    return CliError(f"Kubernetes API error from {host}: {_one_line(str(exc))}")
+
+
+async def fetch_appwrappers(kube: Kube, namespace: str | None, name: str | None) -> list[dict[str, Any]]:
+    """The AppWrappers in ``namespace`` (all namespaces when None), or just ``name`` in it."""
+    from shared.kube.client import KubeApiError, ResourceRef
+
+    # Known in advance: no discovery round trip before the one request.
+    appwrappers = ResourceRef(GROUP, VERSION, PLURAL, KIND, namespaced=True)
+    try:
+        if name:
+            ns = namespace or "default"
+            try:
+                return [
+                    await kube.request("GET", appwrappers.path(ns, name), request_timeout=REQUEST_TIMEOUT)
+                ]
+            except KubeApiError as exc:
+                if exc.not_found and exc.body.get("details", {}).get("kind") == PLURAL:
+                    raise CliError(f"AppWrapper {ns}/{name} not found") from exc
+                raise
+        listing = await kube.request("GET", appwrappers.path(namespace), request_timeout=REQUEST_TIMEOUT)
+    except KubeApiError as exc:
+        if exc.not_found:
+            raise CliError(
+                f"the cluster does not serve AppWrappers ({GROUP}/{VERSION}); is the CRD installed?"
+            ) from exc
+        raise _api_error(kube, exc) from exc
+    return [item for item in listing.get("items") or [] if isinstance(item, dict)]
+
+
+async def _load(kubeconfig: str | None, namespace: str | None, name: str | None) -> list[dict[str, Any]]:
+    path = kubeconfig_path(kubeconfig)
+    if name and not namespace:
+        namespace = context_namespace(path)
+    kube = await connect_kube(path)
+    try:
+        return await fetch_appwrappers(kube, namespace, name)
+    finally:
+        await kube.close()
+
+
+# ------------------------------------------------------------------------------ command
+
+
+def register(app: typer.Typer, *, output_version: str) -> None:
+    @app.command("status")
+    def status(
+        name: str | None = typer.Argument(None, help="One AppWrapper (else all of them)."),
+        namespace: str | None = typer.Option(
+            None, "--namespace", "-n", help="Namespace (default: all; with NAME, the context's)."
+        ),
+        output: str = typer.Option("table", "--output", "-o", help="table | json"),
+        kubeconfig: str | None = typer.Option(None, "--kubeconfig", envvar="KUBECONFIG", show_envvar=True),
+        config: Path | None = typer.Option(
+            None,
+            "--config",
+            help="Operator configuration YAML for the retry-limit default (else RESPAWN_CONFIG).",
+        ),
+    ) -> None:
+        """AppWrappers: phase, attempts/retry limit, unhealthy reason, age of the last transition."""
+        from shared.config import ConfigError, load_config
+
+        if output not in ("table", "json"):
+            typer.echo(f"error: unknown output format {output!r}; use table or json", err=True)
+            raise typer.Exit(2)
+        try:
+            defaults = load_config(config).to_fault_tolerance()
+            items = asyncio.run(_load(kubeconfig, namespace, name))
+        except (CliError, ConfigError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        now = datetime.now(UTC)
+        rows = status_rows(items, defaults)
+        if output == "json":
+            typer.echo(json.dumps(status_json(rows, now, output_version)))
+        elif rows:
+            Console(soft_wrap=True).print(status_table(rows, now))
+        else:
+            where = f"namespace {namespace}" if namespace else "any namespace"
+            typer.echo(f"No AppWrappers in {where}.", err=True)
