@@ -1,0 +1,292 @@
+"""The NATS users and permissions generator (shared/natsauth.py) and the files built from it.
+
+What the permissions allow on a real server is proven in tests/integration/test_deploy.py; these
+tests pin the rules themselves: who may publish which message subjects, that nobody may
+subscribe to a stream's subjects, and that the committed files match the generator.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared import natsauth, subjects
+from shared.bus import default_streams
+
+REPO = Path(__file__).resolve().parents[2]
+AUTH_CONF = REPO / "deploy" / "nats" / "auth.conf"
+
+# Kubernetes-ish names, including the characters subjects.token escapes.
+names = st.text(alphabet="abz09-.*>% ", min_size=0, max_size=10)
+
+# Every kind of message subject, by the service that alone may publish it.
+PRODUCERS: dict[str, list[Callable[[str, str], str]]] = {
+    "watcher": [
+        lambda a, b: subjects.appwrapper_obs(a, b, "pod", b),
+        lambda a, b: subjects.appwrapper_obs(a, b, "appwrapper", b),
+        lambda a, b: subjects.appwrapper_obs(a, b, "component", a),
+        lambda a, _: subjects.node_obs(a),
+    ],
+    "health": [subjects.verdict],
+    "lifecycle": [subjects.lifecycle_event],
+    "autopilot": [lambda a, _: subjects.node_verdict(a)],
+}
+
+
+def message_subjects(a: str, b: str) -> list[tuple[str, str]]:
+    """(producer, subject) for every message subject built from the names ``a`` and ``b``."""
+    return [(producer, build(a, b)) for producer, builders in PRODUCERS.items() for build in builders]
+
+
+# ------------------------------------------------------------------ subject matching
+
+
+@pytest.mark.parametrize(
+    ("pattern", "subject", "expected"),
+    [
+        ("a.b", "a.b", True),
+        ("a.b", "a.b.c", False),
+        ("a.*", "a.b", True),
+        ("a.*", "a.b.c", False),
+        ("a.>", "a.b.c", True),
+        ("a.>", "a", False),  # '>' needs at least one more token
+        ("a.*.c", "a.x.c", True),
+        ("a.*.c", "a.x.d", False),
+        ("$JS.API.CONSUMER.CREATE.S.>", "$JS.API.CONSUMER.CREATE.S.name.respawn.obs.v1.aw.*.*.>", True),
+        ("$JS.API.CONSUMER.CREATE.S", "$JS.API.CONSUMER.CREATE.S.name", False),
+        ("a.b", "a.*", False),  # a wildcard in the subject is only a literal token here
+    ],
+)
+def test_subject_matches_follows_nats_wildcards(pattern: str, subject: str, expected: bool) -> None:
+    assert natsauth.subject_matches(pattern, subject) is expected
+
+
+# ------------------------------------------------------------------ who may publish what
+
+
+@given(a=names, b=names)
+def test_each_service_publishes_only_its_own_messages(a: str, b: str) -> None:
+    for service in natsauth.SERVICES:
+        perms = natsauth.service_permissions(service)
+        for producer, subject in message_subjects(a, b):
+            assert perms.may_publish(subject) is (producer == service), (service, subject)
+
+
+@given(a=names, b=names)
+def test_subscriber_publishes_no_message(a: str, b: str) -> None:
+    perms = natsauth.subscriber_permissions()
+    for _, subject in message_subjects(a, b):
+        assert not perms.may_publish(subject), subject
+    for service in (*natsauth.SERVICES, a):
+        assert not perms.may_publish(subjects.dead_letter(service))
+
+
+def test_only_consumers_may_dead_letter_and_only_under_their_bus_name() -> None:
+    # Bus.connect(name=f"respawn-{service}") names the dead-letter subject (shared/runtime.py).
+    for service in natsauth.SERVICES:
+        perms = natsauth.service_permissions(service)
+        for other in natsauth.SERVICES:
+            allowed = perms.may_publish(subjects.dead_letter(f"respawn-{other}"))
+            assert allowed is (other == service and service != "watcher"), (service, other)
+
+
+@pytest.mark.parametrize("stream", [s.name for s in default_streams()])
+def test_subscriber_cannot_manage_streams(stream: str) -> None:
+    perms = natsauth.subscriber_permissions()
+    for op in ("CREATE", "UPDATE", "DELETE", "PURGE", "MSG.DELETE"):
+        assert not perms.may_publish(f"$JS.API.STREAM.{op}.{stream}"), op
+    public = stream in natsauth.PUBLIC_STREAMS
+    assert perms.may_publish(f"$JS.API.STREAM.INFO.{stream}") is public
+    assert perms.may_publish(f"$JS.API.CONSUMER.CREATE.{stream}.mine.respawn.>") is public
+    assert perms.may_publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.mine") is public
+    assert perms.may_publish(f"$JS.ACK.{stream}.mine.1.2.3.4.0") is public
+
+
+@pytest.mark.parametrize("service", natsauth.SERVICES)
+def test_services_cannot_delete_or_purge_streams(service: str) -> None:
+    perms = natsauth.service_permissions(service)
+    for stream in (s.name for s in default_streams()):
+        for op in ("DELETE", "PURGE", "MSG.DELETE"):
+            assert not perms.may_publish(f"$JS.API.STREAM.{op}.{stream}")
+        # Every service sets the streams up at start (Bus.ensure_streams).
+        assert perms.may_publish(f"$JS.API.STREAM.CREATE.{stream}")
+
+
+def test_services_read_only_the_streams_they_consume() -> None:
+    reads = {
+        "watcher": set(),
+        "health": {subjects.OBSERVATIONS_STREAM, subjects.NODE_VERDICTS_STREAM, subjects.VERDICTS_STREAM},
+        "lifecycle": {subjects.OBSERVATIONS_STREAM, subjects.VERDICTS_STREAM},
+        "autopilot": {subjects.OBSERVATIONS_STREAM},
+    }
+    for service, expected in reads.items():
+        perms = natsauth.service_permissions(service)
+        readable = {
+            s.name for s in default_streams() if perms.may_publish(f"$JS.API.CONSUMER.CREATE.{s.name}.x.y")
+        }
+        assert readable == expected, service
+
+
+@given(a=names, b=names)
+def test_nobody_may_subscribe_to_a_stream_subject(a: str, b: str) -> None:
+    # With such a subscription a push consumer could deliver into a subject another stream
+    # captures: a write by a user that may not publish there.
+    for user in natsauth.default_users(("subscriber", "dashboard")):
+        for _, subject in message_subjects(a, b):
+            assert not user.permissions.may_subscribe(subject), (user.name, subject)
+
+
+def test_subscribers_have_private_inboxes() -> None:
+    perms = natsauth.subscriber_permissions("dashboard")
+    assert perms.subscribe == ("_INBOX_dashboard.>",)
+    assert not perms.may_subscribe("_INBOX.abc.def")
+    assert not perms.may_subscribe("_INBOX_subscriber.abc")
+    assert natsauth.inbox_prefix("dashboard") == "_INBOX_dashboard"
+
+
+def test_only_public_streams_can_be_opened_to_subscribers() -> None:
+    with pytest.raises(ValueError, match="public streams"):
+        natsauth.subscriber_permissions(streams=(subjects.OBSERVATIONS_STREAM,))
+
+
+def test_user_names_are_checked() -> None:
+    with pytest.raises(ValueError, match="unknown service"):
+        natsauth.service_permissions("scheduler")
+    with pytest.raises(ValueError, match="taken by a service"):
+        natsauth.subscriber_user("health")
+    with pytest.raises(ValueError, match="lowercase"):
+        natsauth.subscriber_user("Dash.board")
+    with pytest.raises(ValueError, match="unique"):
+        natsauth.default_users(("dash", "dash"))
+
+
+# ------------------------------------------------------------------ passwords
+
+
+@pytest.mark.parametrize("bad", ["12k", "true", "short", "1" * 30, "has space" + "x" * 20, "a" * 23])
+def test_passwords_nats_would_misread_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="at least 24 characters"):
+        natsauth.validate_password("watcher", bad)
+
+
+def test_generated_passwords_are_valid_and_distinct() -> None:
+    passwords = {natsauth.generate_password() for _ in range(200)}
+    assert len(passwords) == 200
+    for password in passwords:
+        assert natsauth.validate_password("watcher", password) == password
+
+
+def test_password_variables_follow_user_names() -> None:
+    assert natsauth.password_variable("watcher") == "NATS_PASSWORD_WATCHER"
+    assert natsauth.password_variable("team-dash") == "NATS_PASSWORD_TEAM_DASH"
+
+
+# ------------------------------------------------------------------ rendering
+
+
+def test_committed_auth_conf_is_the_generated_one() -> None:
+    expected = natsauth.render_auth_config(natsauth.default_users())
+    regenerate = "python -m shared.natsauth config > deploy/nats/auth.conf"
+    assert AUTH_CONF.read_text() == expected, f"stale file; regenerate it: {regenerate}"
+
+
+def test_auth_config_references_password_variables_unless_given() -> None:
+    users = natsauth.default_users()
+    by_reference = natsauth.render_auth_config(users)
+    for user in users:
+        assert f"password: ${user.password_variable}\n" in by_reference
+    passwords = {u.name: "Pw" + u.name * 8 for u in users}
+    literal = natsauth.render_auth_config(users, passwords=passwords)
+    assert "$NATS_PASSWORD" not in literal
+    for user in users:
+        assert f'password: "{passwords[user.name]}"' in literal
+
+
+def test_auth_config_lists_every_permission_once_per_user() -> None:
+    users = natsauth.default_users()
+    text = natsauth.render_auth_config(users)
+    blocks = text.split("user: ")[1:]
+    assert [json.loads(b.split("\n", 1)[0]) for b in blocks] == [u.name for u in users]
+    for user, block in zip(users, blocks, strict=True):
+        for subject in (*user.permissions.publish, *user.permissions.subscribe):
+            assert block.count(f"{json.dumps(subject)}\n") >= 1, (user.name, subject)
+
+
+def test_secret_holds_every_password_under_the_user_name() -> None:
+    passwords = {u.name: natsauth.generate_password() for u in natsauth.default_users()}
+    secret = json.loads(natsauth.render_secret(passwords, namespace="ops"))
+    assert secret["kind"] == "Secret"
+    assert secret["metadata"] == {
+        "name": natsauth.SECRET_NAME,
+        "namespace": "ops",
+        "labels": {"app.kubernetes.io/name": "respawn", "app.kubernetes.io/component": "nats"},
+    }
+    decoded = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert decoded == passwords
+
+
+def test_env_file_is_one_line_per_user() -> None:
+    passwords = {"watcher": "W" * 30, "health": "H" * 30}
+    assert natsauth.render_env_file(passwords) == f"health={'H' * 30}\nwatcher={'W' * 30}\n"
+
+
+def test_command_line_prints_config_and_fresh_secrets(capsys: pytest.CaptureFixture[str]) -> None:
+    assert natsauth.main(["config"]) == 0
+    assert capsys.readouterr().out == AUTH_CONF.read_text()
+
+    assert natsauth.main(["secret", "--namespace", "ops", "--subscriber", "dash"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert sorted(first["data"]) == ["autopilot", "dash", "health", "lifecycle", "watcher"]
+    assert first["metadata"]["namespace"] == "ops"
+    natsauth.main(["secret"])
+    second = json.loads(capsys.readouterr().out)
+    assert second["metadata"]["namespace"] == "respawn-system"
+    assert first["data"]["watcher"] != second["data"]["watcher"]
+
+    assert natsauth.main(["env"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("=", 1)[0] for line in lines] == sorted((*natsauth.SERVICES, "subscriber"))
+
+    assert natsauth.main(["config", "--subscriber", "health"]) == 2
+    assert "taken by a service" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the manifests agree
+
+
+def load_all(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def test_nats_servers_get_every_users_password_from_the_secret() -> None:
+    (statefulset,) = load_all(REPO / "deploy" / "nats" / "statefulset.yaml")
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    from_secret = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]
+        for e in container["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    assert from_secret == {
+        u.password_variable: {"name": natsauth.SECRET_NAME, "key": u.name} for u in natsauth.default_users()
+    }
+
+
+@pytest.mark.parametrize("service", natsauth.SERVICES)
+def test_each_service_connects_as_its_own_user(service: str) -> None:
+    docs = load_all(REPO / "deploy" / "base" / "services" / f"{service}.yaml")
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NATS_USER"]["value"] == service
+    assert env["NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": natsauth.SECRET_NAME, "key": service}
+    # No other password reaches the pod.
+    refs = [e for e in container["env"] if "secretKeyRef" in e.get("valueFrom", {})]
+    assert len(refs) == 1
