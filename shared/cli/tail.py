@@ -48,6 +48,8 @@ STREAMS: Final[dict[str, tuple[str, str, type[Message]]]] = {
     "lifecycle": (subjects.LIFECYCLE_STREAM, subjects.LIFECYCLE_PREFIX, LifecycleEvent),
 }
 CONNECT_DEADLINE = 3.0
+# The last instant int64 Unix nanoseconds can express (NATS's clock).
+_LATEST_START: Final = datetime(2262, 4, 11, tzinfo=UTC)
 # With --no-follow, how long to wait for a message the server said is still pending.
 _PENDING_WAIT = 10.0
 
@@ -98,7 +100,11 @@ def parse_since(text: str, now: datetime) -> datetime:
             f"--since {text!r} is neither a duration (e.g. 10m, 1h30m) nor an RFC 3339 time "
             "(e.g. 2025-01-02T03:04:05Z)"
         ) from None
-    return at if at.tzinfo else at.replace(tzinfo=UTC)
+    at = at if at.tzinfo else at.replace(tzinfo=UTC)
+    if at >= _LATEST_START:
+        # NATS keeps times as int64 nanoseconds; a later time wraps around to "the beginning".
+        raise ValueError(f"--since {text!r} is too far in the future")
+    return at
 
 
 def subject_filter(kind: str, namespace: str | None = None, name: str | None = None) -> str:

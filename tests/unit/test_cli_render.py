@@ -191,6 +191,8 @@ def test_parse_since_takes_a_duration_back_from_now_or_an_rfc3339_time() -> None
     assert tail.parse_since("2025-01-02T04:04:05+01:00", at(999)) == at(0)
     with pytest.raises(ValueError, match="neither a duration"):
         tail.parse_since("yesterday", at(0))
+    with pytest.raises(ValueError, match="too far in the future"):
+        tail.parse_since("2999-01-01T00:00:00Z", at(0))
 
 
 def test_subject_filters_escape_names_and_narrow_to_a_namespace_or_one_appwrapper() -> None:

@@ -1,0 +1,335 @@
+"""`respawn status`, `tail` and `explain` against the testbed, run as a user would run them.
+
+watcher, health and lifecycle run as separate processes; an AppWrapper's pod fails once and the
+CLI (a subprocess, configured only through KUBECONFIG and NATS_URL) has to tell that story.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from shared.appwrapper.params import (
+    FAILURE_GRACE_PERIOD_ANNOTATION,
+    RETRY_LIMIT_ANNOTATION,
+    RETRY_PAUSE_PERIOD_ANNOTATION,
+)
+from shared.testbed import sim
+from shared.testbed.cluster import kubectl
+from shared.testbed.modes import Endpoints
+from shared.testbed.ports import free_port
+from tests.integration.conftest import ServiceFactory
+
+pytestmark = pytest.mark.testbed
+
+REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+
+def until(what: str, check: Callable[[], T], *, within: float = 60, every: float = 0.25) -> T:
+    """Poll ``check`` until it returns something truthy; fail after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}; last seen: {value!r}")
+        time.sleep(every)
+
+
+def cli_env(testbed: Endpoints, **overrides: str | None) -> dict[str, str]:
+    env = {**os.environ, "KUBECONFIG": str(testbed.kubeconfig), "NATS_URL": testbed.nats_url}
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def respawn(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shared.cli.main", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def ok(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr}"
+    return proc.stdout
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The failure shape every CLI error must have: exit 1, one `error:` line on stderr."""
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert proc.stdout == ""
+    return lines[0]
+
+
+def get_appwrapper(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any]:
+    body: dict[str, Any] = sim.get_json(kubeconfig, "appwrapper", name, "-n", namespace)
+    return body
+
+
+def failing_once(name: str) -> dict[str, Any]:
+    """An AppWrapper around one Job; its pod succeeds after 3s unless the test fails it first."""
+    return {
+        "apiVersion": "workload.codeflare.dev/v1beta2",
+        "kind": "AppWrapper",
+        "metadata": {
+            "name": name,
+            "annotations": {
+                FAILURE_GRACE_PERIOD_ANNOTATION: "0s",
+                RETRY_PAUSE_PERIOD_ANNOTATION: "1s",
+                RETRY_LIMIT_ANNOTATION: "2",
+            },
+        },
+        "spec": {
+            "components": [
+                {
+                    "template": {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "metadata": {"name": f"{name}-job"},
+                        "spec": {
+                            "backoffLimit": 0,
+                            "template": {
+                                "metadata": {"annotations": {sim.SUCCEED_AFTER: "3s"}},
+                                "spec": {
+                                    "restartPolicy": "Never",
+                                    "containers": [{"name": "main", "image": "busybox"}],
+                                },
+                            },
+                        },
+                    }
+                }
+            ]
+        },
+    }
+
+
+def running_pod(kubeconfig: Path, namespace: str, appwrapper: str) -> dict[str, Any] | None:
+    pods = sim.get_json(
+        kubeconfig, "pods", "-n", namespace, "-l", f"workload.codeflare.dev/appwrapper={appwrapper}"
+    )["items"]
+    running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+    return running[0] if running else None
+
+
+def phase_of(kubeconfig: Path, namespace: str, name: str) -> str:
+    return str((get_appwrapper(kubeconfig, namespace, name).get("status") or {}).get("phase") or "")
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def follower(testbed: Endpoints, tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """`respawn tail ...` left running (following), its stdout in a file; stopped after the test."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str) -> Path:
+        out = tmp_path / f"tail-{len(procs)}.out"
+        with out.open("wb") as sink:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "shared.cli.main", "tail", *args],
+                    env=cli_env(testbed),
+                    cwd=REPO,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        return out
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_status_tail_and_explain_tell_the_story_of_a_pod_that_failed_once(
+    testbed: Endpoints,
+    appwrapper_crd: Path,
+    namespace: str,
+    service: ServiceFactory,
+    follower: Callable[..., Path],
+    tmp_path: Path,
+) -> None:
+    kc = testbed.kubeconfig
+    traces = {name: tmp_path / f"trace-{name}.jsonl" for name in ("watcher", "health", "lifecycle")}
+    for name, path in traces.items():
+        service(name, env={"RESPAWN_TRACE_FILE": str(path)})
+    env = cli_env(testbed)
+    # A follower started before anything happens sees the verdicts as they are published.
+    followed = follower("verdicts", "--namespace", namespace, "--json")
+
+    kubectl(kc, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(failing_once("once")))
+    until("the AppWrapper to run", lambda: phase_of(kc, namespace, "once") == "Running")
+    pod = until("a running pod", lambda: running_pod(kc, namespace, "once"))
+    pod_name, node = pod["metadata"]["name"], pod["spec"]["nodeName"]
+    sim.fail_pod(kc, namespace, pod_name, exit_code=3)
+    until("the AppWrapper to succeed after one reset", lambda: phase_of(kc, namespace, "once") == "Succeeded")
+    assert get_appwrapper(kc, namespace, "once")["status"]["resettingCount"] == 1
+
+    # ---- status
+    doc = json.loads(ok(respawn(env, "status", "-n", namespace, "-o", "json")))
+    assert doc["version"] == "respawn.cli/v1"
+    [row] = doc["appwrappers"]
+    assert (row["namespace"], row["name"], row["phase"]) == (namespace, "once", "Succeeded")
+    assert (row["resettingCount"], row["retryLimit"]) == (1, 2)  # the limit from the annotation
+    assert row["unhealthyReason"] == ""  # the reset cleared it
+    assert row["lastTransitionTime"] and 0 <= row["lastTransitionAgeSeconds"] < 300
+    table = ok(respawn(env, "status", "-n", namespace))
+    [line] = [line for line in table.splitlines() if " once " in f" {line} "]
+    assert line.split()[:5] == [namespace, "once", "Succeeded", "1/2", "-"]
+    # One AppWrapper by name: the same row (its age moves on).
+    [one] = json.loads(ok(respawn(env, "status", "-n", namespace, "once", "-o", "json")))["appwrappers"]
+    assert {**one, "lastTransitionAgeSeconds": 0} == {**row, "lastTransitionAgeSeconds": 0}
+
+    # ---- tail
+    records = json_lines(
+        ok(respawn(env, "tail", "verdicts", "--no-follow", "--namespace", namespace, "--json"))
+    )
+    assert records and all(r["version"] == "respawn.cli/v1" for r in records)
+    assert all(r["stream"] == "RESPAWN_VERDICTS" and r["kind"] == "verdict" for r in records)
+    assert all(r["subject"] == f"respawn.verdict.{namespace}.once" for r in records)
+    seqs = [r["seq"] for r in records]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    unhealthy = [r["payload"] for r in records if r["payload"]["state"] == "Unhealthy"]
+    assert unhealthy and unhealthy[0]["reason"] == "FoundFailedPods" and node in unhealthy[0]["nodes"]
+    assert records[-1]["payload"]["state"] == "Succeeded"
+    assert all(r["traceId"] for r in records)  # tracing is on in the services: every verdict has one
+    # From a stream sequence: only what follows it.
+    tail_from = json_lines(
+        ok(respawn(env, "tail", "verdicts", "--no-follow", "-n", namespace, "--json", "--seq", str(seqs[-1])))
+    )
+    assert [r["seq"] for r in tail_from] == [seqs[-1]]
+    # From a time: an hour back covers everything, a time after the last verdict nothing.
+    since = ok(respawn(env, "tail", "verdicts", "--no-follow", "-n", namespace, "--json", "--since", "1h"))
+    assert [r["seq"] for r in json_lines(since)] == seqs
+    later = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    future = ok(respawn(env, "tail", "verdicts", "--no-follow", "-n", namespace, "--since", later))
+    assert future == ""
+    # The lifecycle stream, as readable lines.
+    lines = ok(respawn(env, "tail", "lifecycle", "--no-follow", "-n", namespace)).splitlines()
+    assert any(f"{namespace}/once  ResetStarted" in line and "FoundFailedPods" in line for line in lines)
+    assert any("PhaseChanged Resuming->Running" in line and "attempt=1" in line for line in lines)
+    assert any("PhaseChanged Running->Succeeded" in line for line in lines)
+    # The follower printed the same verdicts while they happened.
+    until(
+        "the following tail to print every verdict",
+        lambda: [r["seq"] for r in json_lines(followed.read_text())] == seqs,
+        within=20,
+    )
+
+    # ---- explain
+    text = ok(respawn(env, "explain", f"{namespace}/once"))
+    assert text.splitlines()[0] == f"AppWrapper {namespace}/once: Succeeded, 1 reset"
+    assert f"pod {pod_name} on {node}: deleted after Failed; main exited 3 (Error)" in text
+    assert f"1. FoundFailedPods on {node}" in text
+    assert "running again +" in text and "outcome: recovered (reset to attempt 1)" in text
+    explained = json.loads(ok(respawn(env, "explain", f"{namespace}/once", "--json")))
+    assert explained["version"] == "respawn.cli/v1"
+    [incident] = explained["incidents"]
+    assert (incident["reason"], incident["outcome"], incident["attempt"]) == (
+        "FoundFailedPods",
+        "recovered",
+        1,
+    )
+    assert node in incident["nodes"]
+    detection, to_reset, recovery = (
+        incident["detectionSeconds"],
+        incident["timeToResetSeconds"],
+        incident["recoverySeconds"],
+    )
+    assert 0 <= detection <= to_reset <= recovery < 60
+    stamps = [e["at"] for e in explained["timeline"]]
+    assert stamps == sorted(stamps)
+    sources = {e["source"] for e in explained["timeline"]}
+    assert sources == {"observation", "verdict", "lifecycle"}
+    # It ends with the trace ids, which are the services' own traces.
+    trace_ids = explained["traceIds"]
+    assert trace_ids and set(incident["traceIds"]) <= set(trace_ids)
+    tail_of_text = text.split("\nTraces\n", 1)[1].splitlines()
+    assert [line.split()[0] for line in tail_of_text] == trace_ids
+    exported = until(
+        "the services to export the incident's spans",
+        lambda: all(
+            any(f"0x{tid}" in path.read_text() for path in traces.values() if path.exists())
+            for tid in incident["traceIds"]
+        ),
+        within=30,
+    )
+    assert exported
+
+
+# ------------------------------------------------------------------------------------ errors
+
+
+def test_no_cluster_is_one_error_line(testbed: Endpoints, tmp_path: Path) -> None:
+    # A kubeconfig whose server nobody listens on.
+    config = yaml.safe_load(testbed.kubeconfig.read_text())
+    for cluster in config["clusters"]:
+        cluster["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
+    dead = tmp_path / "dead-kubeconfig"
+    dead.write_text(yaml.safe_dump(config))
+    line = one_error_line(respawn(cli_env(testbed, KUBECONFIG=str(dead)), "status"))
+    assert "cannot reach the Kubernetes API server at https://127.0.0.1:" in line
+    # A kubeconfig that does not exist, and none at all.
+    line = one_error_line(respawn(cli_env(testbed, KUBECONFIG=str(tmp_path / "missing")), "status"))
+    assert "does not exist" in line
+    env = cli_env(testbed, KUBECONFIG=None, HOME=str(tmp_path), KUBERNETES_SERVICE_HOST=None)
+    assert (
+        one_error_line(respawn(env, "status"))
+        == "error: no cluster configured: set KUBECONFIG or pass --kubeconfig"
+    )
+
+
+def test_no_nats_is_one_error_line_within_the_connect_deadline(testbed: Endpoints) -> None:
+    dead = cli_env(testbed, NATS_URL=f"nats://127.0.0.1:{free_port()}")
+    for args in (("tail", "verdicts", "--no-follow"), ("tail", "lifecycle"), ("explain", "default/x")):
+        started = time.monotonic()
+        line = one_error_line(respawn(dead, *args, timeout=30))
+        assert "NATS at nats://127.0.0.1:" in line, line
+        assert time.monotonic() - started < 15
+    unset = cli_env(testbed, NATS_URL=None)
+    assert one_error_line(respawn(unset, "tail", "verdicts")) == (
+        "error: NATS_URL is not set; pass --nats-url or set NATS_URL"
+    )
+
+
+def test_unknown_appwrapper_is_one_error_line(
+    testbed: Endpoints, appwrapper_crd: Path, namespace: str, service: ServiceFactory
+) -> None:
+    service("watcher")  # so that the streams exist, as on any cluster Respawn runs on
+    env = cli_env(testbed)
+    line = one_error_line(respawn(env, "status", "-n", namespace, "nope"))
+    assert line == f"error: AppWrapper {namespace}/nope not found"
+    line = one_error_line(respawn(env, "explain", f"{namespace}/nope"))
+    assert line.startswith(f"error: unknown AppWrapper {namespace}/nope")
+    # An empty namespace is not an error for a listing.
+    assert json.loads(ok(respawn(env, "status", "-n", namespace, "-o", "json")))["appwrappers"] == []
