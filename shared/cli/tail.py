@@ -48,6 +48,7 @@ STREAMS: Final[dict[str, tuple[str, str, type[Message]]]] = {
     "lifecycle": (subjects.LIFECYCLE_STREAM, subjects.LIFECYCLE_PREFIX, LifecycleEvent),
 }
 CONNECT_DEADLINE = 3.0
+_PHASE_CHANGED: Final = "PhaseChanged"
 # The last instant int64 Unix nanoseconds can express (NATS's clock).
 _LATEST_START: Final = datetime(2262, 4, 11, tzinfo=UTC)
 # With --no-follow, how long to wait for a message the server said is still pending.
@@ -167,10 +168,10 @@ def verdict_line(v: Verdict, seq: int = 0) -> str:
 def event_line(e: LifecycleEvent, seq: int = 0) -> str:
     """One readable line: time, ns/name, event (with the phase change), reason, message, nodes."""
     what = e.event
-    if e.phase and e.previous_phase != e.phase:
-        what += f" {e.previous_phase or '(none)'}->{e.phase}"
+    if e.event == _PHASE_CHANGED or (e.previous_phase and e.previous_phase != e.phase):
+        what += f" {e.previous_phase or '(none)'}->{e.phase or '(none)'}"
     elif e.phase:
-        what += f" ({e.phase})"
+        what += f" ({e.phase})"  # the phase the AppWrapper is in when this happened
     return _fields(
         format_time(e.at),
         f"{e.ref.namespace}/{e.ref.name}",

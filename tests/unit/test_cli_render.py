@@ -249,12 +249,16 @@ def test_event_line_shows_the_phase_change_and_keeps_a_multiline_message_on_one_
         "2025-01-02T03:04:06.500Z  team-a/llama  PhaseChanged Running->Resetting  FoundFailedPods  "
         '"first\\nsecond"  attempt=1  #3'
     )
-    assert (
-        tail.event_line(event(0, "ResetFinished", phase="Resetting", previous_phase="Resetting")).split("  ")[
-            2
-        ]
-        == "ResetFinished (Resetting)"
-    )
+
+
+def what(e: LifecycleEvent) -> str:
+    return tail.event_line(e).split("  ")[2]
+
+
+def test_event_line_shows_the_phase_other_events_happened_in() -> None:
+    assert what(event(0, "ResetStarted", phase="Resetting")) == "ResetStarted (Resetting)"
+    assert what(event(0, "DeletionForceful", phase="Resetting")) == "DeletionForceful (Resetting)"
+    assert what(event(0, "PhaseChanged", phase="Suspended")) == "PhaseChanged (none)->Suspended"
 
 
 def test_json_record_is_versioned_and_carries_position_trace_and_payload() -> None:
