@@ -23,7 +23,7 @@ import contextlib
 import heapq
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -94,6 +94,10 @@ def key_of(message: Message) -> Key | None:
         return ref.namespace, ref.name
     appwrapper = getattr(message, "appwrapper", "")
     return (ref.namespace, appwrapper) if appwrapper else None
+
+
+async def _unknown() -> ObservedComponent:
+    return ObservedComponent()
 
 
 def _controller_uid(obj: Mapping[str, Any]) -> str:
@@ -269,15 +273,16 @@ class Lifecycle:
         return use
 
     async def observe(self, aw: Mapping[str, Any], created: Mapping[int, CreateOutcome]) -> Observed:
+        """Authoritative reads of every component and the labelled pods, issued concurrently."""
         meta = aw.get("metadata") or {}
         namespace, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
         spec_components = (aw.get("spec") or {}).get("components") or []
         statuses = (aw.get("status") or {}).get("componentStatus") or []
-        components: list[ObservedComponent] = []
+        reads: list[Awaitable[ObservedComponent]] = []
         for index, comp in enumerate(spec_components):
             template = comp.get("template") if isinstance(comp, Mapping) else None
             if not isinstance(template, Mapping):
-                components.append(ObservedComponent())
+                reads.append(_unknown())
                 continue
             comp_name = ""
             if index < len(statuses) and isinstance(statuses[index], Mapping):
@@ -285,25 +290,27 @@ class Lifecycle:
             comp_name = comp_name or str((template.get("metadata") or {}).get("name") or "")
             if index in created and created[index].name:
                 comp_name = created[index].name
-            components.append(await self.observe_component(template, namespace, comp_name, uid))
-        pods: tuple[ObservedPod, ...] | None
+            reads.append(self.observe_component(template, namespace, comp_name, uid))
+        components, pods = await asyncio.gather(asyncio.gather(*reads), self.observe_pods(namespace, name))
+        return Observed(components=tuple(components), pods=pods, created=dict(created))
+
+    async def observe_pods(self, namespace: str, name: str) -> tuple[ObservedPod, ...] | None:
+        assert self.pods_ref is not None
         try:
-            assert self.pods_ref is not None
             listing = await self.kube.list(
                 self.pods_ref, namespace, labelSelector=f"{APPWRAPPER_LABEL}={name}"
             )
-            pods = tuple(
-                ObservedPod(
-                    name=p["metadata"]["name"],
-                    phase=(p.get("status") or {}).get("phase") or "Pending",
-                    terminating=bool(p["metadata"].get("deletionTimestamp")),
-                )
-                for p in listing.get("items", [])
-            )
         except KubeApiError as exc:
             log.warning("listing pods of %s/%s failed: %s", namespace, name, exc)
-            pods = None
-        return Observed(components=tuple(components), pods=pods, created=dict(created))
+            return None
+        return tuple(
+            ObservedPod(
+                name=p["metadata"]["name"],
+                phase=(p.get("status") or {}).get("phase") or "Pending",
+                terminating=bool(p["metadata"].get("deletionTimestamp")),
+            )
+            for p in listing.get("items", [])
+        )
 
     async def observe_component(
         self, template: Mapping[str, Any], namespace: str, name: str, aw_uid: str
