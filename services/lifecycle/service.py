@@ -50,6 +50,7 @@ from services.lifecycle.verdicts import VerdictUse
 from shared import metrics, subjects
 from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, FINALIZER, KIND, Reason
 from shared.appwrapper.params import effective_fault_tolerance
+from shared.appwrapper.podsets import component_pod_sets, get_at_path
 from shared.bus import Delivery, TransientError
 from shared.faulttolerance import FaultTolerance
 from shared.kube import Kube, KubeApiError, ResourceRef
@@ -94,6 +95,49 @@ def key_of(message: Message) -> Key | None:
         return ref.namespace, ref.name
     appwrapper = getattr(message, "appwrapper", "")
     return (ref.namespace, appwrapper) if appwrapper else None
+
+
+def nodes_needed(aw: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> int:
+    """How many nodes the workload needs at least, judged by its extended-resource requests.
+
+    Node exclusion must not exclude so many nodes that the workload cannot fit: for each
+    extended resource (e.g. nvidia.com/gpu) the pods ask for, the total request divided by the
+    largest per-node allocatable, rounded up. Unparseable quantities count as one.
+    """
+    totals: dict[str, int] = {}
+    for comp in (aw.get("spec") or {}).get("components") or []:
+        try:
+            pod_sets = component_pod_sets(comp)
+        except Exception:  # a malformed component is reported elsewhere
+            continue
+        for ps in pod_sets:
+            try:
+                template = get_at_path(comp.get("template") or {}, ps.path)
+            except Exception:
+                continue
+            containers = ((template or {}).get("spec") or {}).get("containers") or []
+            for c in containers:
+                res = c.get("resources") or {}
+                wanted = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+                for name, qty in wanted.items():
+                    if "/" in name:  # extended resources only (cpu/memory rarely decide placement here)
+                        totals[name] = totals.get(name, 0) + _quantity(qty) * ps.count
+    needed = 1
+    for name, total in totals.items():
+        per_node = max(
+            (_quantity(((n.get("status") or {}).get("allocatable") or {}).get(name, 0)) for n in nodes),
+            default=0,
+        )
+        if per_node > 0:
+            needed = max(needed, -(-total // per_node))
+    return needed
+
+
+def _quantity(value: Any) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 1
 
 
 async def _unknown() -> ObservedComponent:
@@ -426,8 +470,8 @@ class Lifecycle:
                 exc,
             )
             return
-        candidates = [
-            n["metadata"]["name"]
+        usable = [
+            n
             for n in listing.get("items", [])
             if not (n.get("spec") or {}).get("unschedulable")
             and any(
@@ -435,11 +479,13 @@ class Lifecycle:
                 for c in (n.get("status") or {}).get("conditions") or []
             )
         ]
+        candidates = [n["metadata"]["name"] for n in usable]
         decision = decide_exclusions(
             annotations,
             failed_nodes=started[0].nodes,
             candidates=candidates,
             limit=self.rt.config.node_exclusion.max_nodes,
+            min_nodes=nodes_needed(aw, usable),
         )
         if not decision.enabled:
             return
