@@ -1,0 +1,509 @@
+"""Admission decisions for AppWrappers: what the mutating and validating webhooks answer.
+
+Pure functions over the AdmissionReview JSON the API server sends (admission.k8s.io/v1). The
+only outside knowledge validation needs, whether the requesting user may create each wrapped
+kind, comes in as data (:func:`validation_response`) or through an injected callable
+(:func:`validate`); the HTTP server and the SubjectAccessReviews live in ``webhook.py``.
+
+What is checked here is what the CRD's own rules cannot express: that the user could create the
+wrapped resources themselves (otherwise an AppWrapper would let anyone create anything the
+controller may create), and that declared pod sets point at pod templates and agree with what
+can be inferred. On UPDATE the CRD already keeps templates, pod sets and managedBy immutable;
+what remains is the user labels, which no schema rule can see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final
+
+from pydantic import ValidationError
+
+from shared.appwrapper.constants import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    QUEUE_NAME_LABEL,
+    USER_ID_LABEL,
+    USER_LABEL,
+    VERSION,
+)
+from shared.appwrapper.model import AppWrapperComponent
+from shared.appwrapper.podsets import validate_appwrapper_pod_sets, validate_pod_sets
+
+__all__ = [
+    "REVIEW_API_VERSION",
+    "AccessCheck",
+    "AccessResult",
+    "AdmissionRequest",
+    "AdmissionResponse",
+    "Authorizer",
+    "ReviewError",
+    "UserInfo",
+    "access_checks",
+    "mutate",
+    "parse_review",
+    "refusal",
+    "review_body",
+    "sanitize_label",
+    "subject_access_review",
+    "validate",
+    "validation_response",
+]
+
+REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
+# v1beta1 has the same request and response shapes; answering in the version asked keeps an
+# older registration working.
+_REVIEW_API_VERSIONS: Final = (REVIEW_API_VERSION, "admission.k8s.io/v1beta1")
+_MAX_LABEL_VALUE: Final = 63
+# Go's \w is ASCII only; upstream's sanitiser replaces everything else, one character at a time.
+_NOT_LABEL_CHAR: Final = re.compile(r"[^-_.\w]", re.ASCII)
+
+
+class ReviewError(ValueError):
+    """A body that is not a usable AppWrapper AdmissionReview."""
+
+
+@dataclass(frozen=True, slots=True)
+class UserInfo:
+    """The requesting user as the API server authenticated them."""
+
+    username: str = ""
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    # Sorted pairs rather than a dict so that checks carrying a user can be dictionary keys.
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def extra_dict(self) -> dict[str, list[str]]:
+        return {key: list(values) for key, values in self.extra}
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRequest:
+    uid: str
+    operation: str
+    namespace: str
+    name: str
+    user: UserInfo
+    object: Mapping[str, Any] | None
+    old_object: Mapping[str, Any] | None
+    kind: tuple[str, str, str]  # (group, version, kind) of the object under review
+
+
+class ErrorType(StrEnum):
+    """The field-error types used in messages, spelt as the API server spells them."""
+
+    INVALID = "Invalid"
+    FORBIDDEN = "Forbidden"
+    INTERNAL = "Internal error"
+
+
+@dataclass(frozen=True, slots=True)
+class _FieldError:
+    path: str
+    type: ErrorType
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.type}: {self.detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionResponse:
+    allowed: bool
+    message: str = ""
+    code: int = 200
+    reason: str = ""
+    patch: tuple[dict[str, Any], ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def to_json(self, uid: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"uid": uid, "allowed": self.allowed}
+        if not self.allowed:
+            body["status"] = {"code": self.code, "reason": self.reason, "message": self.message}
+        if self.patch:
+            body["patchType"] = "JSONPatch"
+            body["patch"] = base64.b64encode(json.dumps(list(self.patch)).encode()).decode()
+        if self.warnings:
+            body["warnings"] = list(self.warnings)
+        return body
+
+
+def review_body(body: Any, response: AdmissionResponse) -> dict[str, Any]:
+    """The AdmissionReview answering ``body`` (the review as received, however malformed).
+
+    The answer must carry the request's uid, or the API server discards it and reports a
+    protocol error instead of the message; so the uid is echoed whenever one can be found.
+    """
+    request = body.get("request") if isinstance(body, Mapping) else None
+    uid = request.get("uid") if isinstance(request, Mapping) else None
+    api_version = body.get("apiVersion") if isinstance(body, Mapping) else None
+    return {
+        "apiVersion": api_version if api_version in _REVIEW_API_VERSIONS else REVIEW_API_VERSION,
+        "kind": "AdmissionReview",
+        "response": response.to_json(uid if isinstance(uid, str) else ""),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the review
+
+
+def _user(raw: Any) -> UserInfo:
+    if not isinstance(raw, Mapping):
+        raise ReviewError("request.userInfo must be an object")
+    username, uid = raw.get("username", ""), raw.get("uid", "")
+    groups, extra = raw.get("groups") or [], raw.get("extra") or {}
+    if not isinstance(username, str) or not isinstance(uid, str):
+        raise ReviewError("request.userInfo.username and .uid must be strings")
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise ReviewError("request.userInfo.groups must be a list of strings")
+    if not isinstance(extra, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, list) and all(isinstance(s, str) for s in v)
+        for k, v in extra.items()
+    ):
+        raise ReviewError("request.userInfo.extra must map strings to lists of strings")
+    return UserInfo(
+        username=username,
+        uid=uid,
+        groups=tuple(groups),
+        extra=tuple(sorted((key, tuple(values)) for key, values in extra.items())),
+    )
+
+
+def _optional_object(raw: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ReviewError(f"request.{key} must be an object")
+    return value
+
+
+def _string(raw: Mapping[str, Any], key: str) -> str:
+    value = raw.get(key, "")
+    if not isinstance(value, str):
+        raise ReviewError(f"request.{key} must be a string")
+    return value
+
+
+def parse_review(body: Any) -> AdmissionRequest:
+    """The request inside an AdmissionReview; :class:`ReviewError` names what is wrong with it."""
+    if not isinstance(body, Mapping):
+        raise ReviewError("the body must be an AdmissionReview JSON object")
+    api_version = body.get("apiVersion")
+    if api_version not in _REVIEW_API_VERSIONS or body.get("kind") != "AdmissionReview":
+        raise ReviewError(
+            f"expected an AdmissionReview of {REVIEW_API_VERSION}, "
+            f"got kind {body.get('kind')!r} of {body.get('apiVersion')!r}"
+        )
+    raw = body.get("request")
+    if not isinstance(raw, Mapping):
+        raise ReviewError("the AdmissionReview has no request")
+    uid = _string(raw, "uid")
+    if not uid:
+        raise ReviewError("request.uid is missing")
+    kind = raw.get("kind")
+    if not isinstance(kind, Mapping):
+        raise ReviewError("request.kind is missing")
+    return AdmissionRequest(
+        uid=uid,
+        operation=_string(raw, "operation"),
+        namespace=_string(raw, "namespace"),
+        name=_string(raw, "name"),
+        user=_user(raw.get("userInfo", {})),
+        object=_optional_object(raw, "object"),
+        old_object=_optional_object(raw, "oldObject"),
+        kind=(str(kind.get("group", "")), str(kind.get("version", "")), str(kind.get("kind", ""))),
+    )
+
+
+def _require_appwrapper(request: AdmissionRequest) -> None:
+    group, version, kind = request.kind
+    if (group, version, kind) != (GROUP, VERSION, KIND):
+        shown = f"{group}/{version}" if group else version
+        raise ReviewError(f"this webhook admits only {API_VERSION} {KIND}, not {shown} {kind}")
+
+
+def _labels(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    metadata = obj.get("metadata") if obj is not None else None
+    labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
+    return labels if isinstance(labels, Mapping) else {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Mutation
+
+
+def sanitize_label(value: str) -> str:
+    """``value`` made a valid label value the way upstream does it.
+
+    Every character other than ASCII letters, digits, ``-``, ``_`` and ``.`` becomes ``_``, the
+    result is cut to 63 characters, and ``-``, ``_`` and ``.`` are trimmed from both ends (a
+    label value must begin and end with a letter or digit). ``system:serviceaccount:ns:sa``
+    becomes ``system_serviceaccount_ns_sa``.
+    """
+    return _NOT_LABEL_CHAR.sub("_", value)[:_MAX_LABEL_VALUE].strip("-_.")
+
+
+def _pointer(key: str) -> str:
+    # RFC 6901: label keys contain '/', which must be escaped (and '~' before it).
+    return "/metadata/labels/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def mutate(request: AdmissionRequest, *, default_queue_name: str) -> AdmissionResponse:
+    """The labels to set on a new AppWrapper, as a JSONPatch.
+
+    The default queue is added only when the queue label is absent (an explicit value, even an
+    empty one, is the user's choice). The user labels always reflect who created the object,
+    so values supplied in the object are overwritten, with a warning.
+    """
+    if request.operation != "CREATE" or request.object is None:
+        return AdmissionResponse(allowed=True)
+    metadata = request.object.get("metadata")
+    if not isinstance(metadata, Mapping):
+        # The API server rejects such an object anyway; nothing sensible to patch.
+        return AdmissionResponse(allowed=True)
+    current = metadata.get("labels")
+    labels: Mapping[str, Any] = current if isinstance(current, Mapping) else {}
+    wanted: dict[str, str] = {}
+    if default_queue_name and QUEUE_NAME_LABEL not in labels:
+        wanted[QUEUE_NAME_LABEL] = default_queue_name
+    warnings = []
+    for key, value in ((USER_LABEL, request.user.username), (USER_ID_LABEL, request.user.uid)):
+        sanitized = sanitize_label(value)
+        if labels.get(key) == sanitized:
+            continue
+        if key in labels:
+            warnings.append(f"label {key} is set from the requesting user; the given value was replaced")
+        wanted[key] = sanitized
+    if not wanted:
+        return AdmissionResponse(allowed=True)
+    patch: tuple[dict[str, Any], ...]
+    if isinstance(current, Mapping):
+        patch = tuple({"op": "add", "path": _pointer(key), "value": value} for key, value in wanted.items())
+    else:
+        # No labels map yet (or an explicit null): create it whole, since "add" needs the parent.
+        patch = ({"op": "add", "path": "/metadata/labels", "value": wanted},)
+    return AdmissionResponse(allowed=True, patch=patch, warnings=tuple(warnings))
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+@dataclass(frozen=True, slots=True)
+class AccessCheck:
+    """May ``user`` create objects of (api_version, kind) in ``namespace``?"""
+
+    api_version: str
+    kind: str
+    namespace: str
+    user: UserInfo = field(default_factory=UserInfo)
+
+
+@dataclass(frozen=True, slots=True)
+class AccessResult:
+    allowed: bool
+    # Set when the question could not be answered (API server unreachable, review refused).
+    error: str = ""
+
+
+Authorizer = Callable[[AccessCheck], Awaitable[AccessResult]]
+
+
+def subject_access_review(check: AccessCheck, *, group: str, version: str, resource: str) -> dict[str, Any]:
+    """The SubjectAccessReview asking ``check`` of the API server, for a resolved resource."""
+    spec: dict[str, Any] = {
+        "resourceAttributes": {
+            "namespace": check.namespace,
+            "verb": "create",
+            "group": group,
+            "version": version,
+            "resource": resource,
+        },
+        "user": check.user.username,
+        "groups": list(check.user.groups),
+    }
+    if check.user.uid:
+        spec["uid"] = check.user.uid
+    if check.user.extra:
+        spec["extra"] = check.user.extra_dict()
+    return {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
+
+
+def _templates(obj: Mapping[str, Any]) -> list[Any]:
+    spec = obj.get("spec")
+    components = spec.get("components") if isinstance(spec, Mapping) else None
+    if not isinstance(components, list):
+        raise ReviewError("spec.components must be a list")
+    return [c.get("template") if isinstance(c, Mapping) else None for c in components]
+
+
+def _kind_of(template: Any) -> tuple[str, str] | None:
+    if not isinstance(template, Mapping):
+        return None
+    api_version, kind = template.get("apiVersion"), template.get("kind")
+    if isinstance(api_version, str) and api_version and isinstance(kind, str) and kind:
+        return api_version, kind
+    return None
+
+
+def _namespace(request: AdmissionRequest) -> str:
+    if request.namespace:
+        return request.namespace
+    metadata = request.object.get("metadata") if request.object is not None else None
+    found = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+    return found if isinstance(found, str) else ""
+
+
+def access_checks(request: AdmissionRequest) -> list[AccessCheck]:
+    """The distinct access questions a CREATE raises: one per wrapped kind.
+
+    Components of the same kind share a question (same user, same namespace, same answer).
+    """
+    if request.operation != "CREATE" or request.object is None:
+        return []
+    try:
+        _require_appwrapper(request)
+        templates = _templates(request.object)
+    except ReviewError:
+        return []
+    checks: dict[AccessCheck, None] = {}
+    for template in templates:
+        found = _kind_of(template)
+        if found is not None:
+            checks[AccessCheck(found[0], found[1], _namespace(request), request.user)] = None
+    return list(checks)
+
+
+def _denied(errors: list[_FieldError]) -> AdmissionResponse:
+    # Status as the API server would report the same errors: a failed check is a 500, any
+    # malformed content 422 (Invalid), and rights alone 403 (Forbidden).
+    types = {error.type for error in errors}
+    if ErrorType.INTERNAL in types:
+        code, reason = 500, "InternalError"
+    elif ErrorType.INVALID in types:
+        code, reason = 422, "Invalid"
+    else:
+        code, reason = 403, "Forbidden"
+    return AdmissionResponse(
+        allowed=False, code=code, reason=reason, message="; ".join(str(error) for error in errors)
+    )
+
+
+def refusal(message: str) -> AdmissionResponse:
+    """A rejection for a review that could not be judged at all."""
+    return AdmissionResponse(allowed=False, code=400, reason="BadRequest", message=message)
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(part) for part in err['loc'])}: {str(err['msg']).removeprefix('Value error, ')}"
+        for err in exc.errors(include_url=False)
+    )
+
+
+def _validate_create(
+    request: AdmissionRequest, access: Mapping[AccessCheck, AccessResult]
+) -> AdmissionResponse:
+    assert request.object is not None
+    namespace = _namespace(request)
+    errors: list[_FieldError] = []
+    components: list[AppWrapperComponent] = []
+    for index, template in enumerate(_templates(request.object)):
+        where = f"spec.components[{index}]"
+        found = _kind_of(template)
+        if found is None:
+            errors.append(
+                _FieldError(f"{where}.template", ErrorType.INVALID, "apiVersion and kind are required")
+            )
+            continue
+        api_version, kind = found
+        result = access.get(AccessCheck(api_version, kind, namespace, request.user))
+        if result is None or result.error:
+            detail = result.error if result is not None else "no answer"
+            errors.append(
+                _FieldError(
+                    f"{where}.template",
+                    ErrorType.INTERNAL,
+                    f"cannot tell whether user {request.user.username} may create {kind} "
+                    f"in {namespace}: {detail}",
+                )
+            )
+        elif not result.allowed:
+            errors.append(
+                _FieldError(
+                    f"{where}.template",
+                    ErrorType.FORBIDDEN,
+                    f"User {request.user.username} is not authorized to create {kind} in {namespace}",
+                )
+            )
+        raw = request.object["spec"]["components"][index]
+        try:
+            components.append(AppWrapperComponent.model_validate(raw))
+        except ValidationError as exc:
+            errors.append(_FieldError(where, ErrorType.INVALID, _problems(exc)))
+    if len(components) == len(request.object["spec"]["components"]):
+        problems = validate_appwrapper_pod_sets(components)
+    else:
+        # Positions would shift if malformed components were left out of the whole-list check.
+        problems = [
+            f"spec.components[{i}].{p}" for i, c in enumerate(components) for p in validate_pod_sets(c)
+        ]
+    for problem in problems:
+        path, _, detail = problem.partition(": ")
+        errors.append(_FieldError(path, ErrorType.INVALID, detail))
+    return _denied(errors) if errors else AdmissionResponse(allowed=True)
+
+
+def _validate_update(request: AdmissionRequest) -> AdmissionResponse:
+    if request.old_object is None:
+        raise ReviewError("an UPDATE review must carry oldObject")
+    old, new = _labels(request.old_object), _labels(request.object)
+    errors = [
+        _FieldError(f"metadata.labels[{key}]", ErrorType.FORBIDDEN, "attempt to change immutable field")
+        for key in (USER_LABEL, USER_ID_LABEL)
+        if old.get(key) != new.get(key)
+    ]
+    return _denied(errors) if errors else AdmissionResponse(allowed=True)
+
+
+def validation_response(
+    request: AdmissionRequest, access: Mapping[AccessCheck, AccessResult]
+) -> AdmissionResponse:
+    """Whether to admit the request, given the answers to :func:`access_checks`.
+
+    A missing answer counts as a failed check, never as permission.
+    """
+    try:
+        _require_appwrapper(request)
+        if request.operation == "CREATE":
+            if request.object is None:
+                raise ReviewError("a CREATE review must carry the object")
+            return _validate_create(request, access)
+        if request.operation == "UPDATE":
+            return _validate_update(request)
+    except ReviewError as exc:
+        return refusal(str(exc))
+    return AdmissionResponse(allowed=True)
+
+
+async def validate(request: AdmissionRequest, authorize: Authorizer) -> AdmissionResponse:
+    """:func:`validation_response` with the access questions answered by ``authorize``.
+
+    The questions are asked concurrently; an exception from ``authorize`` is a failed check.
+    """
+    checks = access_checks(request)
+    results = await asyncio.gather(*(authorize(check) for check in checks), return_exceptions=True)
+    access = {
+        check: result if isinstance(result, AccessResult) else AccessResult(False, error=repr(result))
+        for check, result in zip(checks, results, strict=True)
+    }
+    return validation_response(request, access)

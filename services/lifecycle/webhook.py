@@ -1,0 +1,319 @@
+"""`respawn-webhook`: the AppWrapper admission webhooks over HTTPS.
+
+Serves AdmissionReview v1 on ``/mutate-appwrapper`` (default queue and user labels) and
+``/validate-appwrapper`` (the requesting user's right to create every wrapped kind, pod-set
+paths, immutable user labels), plus ``/healthz``. The decisions are in ``admission.py``; this
+module only moves JSON and asks the API server the SubjectAccessReviews.
+
+The API server calls the webhook with ``failurePolicy: Fail``, so an answer must come back for
+every request, however malformed: a validating request that cannot be judged is refused with a
+message saying why, and a mutating one is let through unpatched (validation and the CRD's
+schema still apply to it).
+
+The serving certificate is re-read when its files change, so a rotated Secret (cert-manager
+or by hand) takes effect without a restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import ssl
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from aiohttp import web
+
+from services.lifecycle.admission import (
+    AccessCheck,
+    AccessResult,
+    AdmissionResponse,
+    Authorizer,
+    ReviewError,
+    mutate,
+    parse_review,
+    refusal,
+    review_body,
+    subject_access_review,
+    validate,
+)
+from shared.kube import Kube, KubeApiError
+from shared.kube.client import split_api_version
+
+log = logging.getLogger(__name__)
+
+MUTATE_PATH: Final = "/mutate-appwrapper"
+VALIDATE_PATH: Final = "/validate-appwrapper"
+HEALTH_PATH: Final = "/healthz"
+SAR_PATH: Final = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+DEFAULT_PORT: Final = 9443
+DEFAULT_CERT_DIR: Final = Path("/etc/respawn/webhook-certs")
+# An AppWrapper may be as large as etcd allows (about 1.5 MiB) and an UPDATE review carries
+# two copies of it.
+_MAX_REVIEW_BYTES: Final = 8 * 1024 * 1024
+# The API server gives a webhook 10 s by default; a SubjectAccessReview must come back well
+# before that, so the answer can still name the failure.
+_SAR_TIMEOUT: Final = 5.0
+_CERT_POLL_SECONDS: Final = 10.0
+
+
+class KubeAuthorizer:
+    """Answers access checks with SubjectAccessReviews, resolving kinds through discovery."""
+
+    def __init__(self, kube: Kube) -> None:
+        self._kube = kube
+
+    async def _resource(self, api_version: str, kind: str) -> tuple[str, str, str]:
+        group, version = split_api_version(api_version)
+        try:
+            ref = await self._kube.resource(api_version, kind)
+        except KubeApiError as exc:
+            if not exc.not_found:
+                raise
+            # A kind the cluster does not serve: ask about every resource of its group, as
+            # upstream does. Only someone allowed to create anything there passes, and the
+            # creation itself would fail later anyway.
+            return group, version, "*"
+        return ref.group, ref.version, ref.plural
+
+    async def __call__(self, check: AccessCheck) -> AccessResult:
+        try:
+            group, version, resource = await self._resource(check.api_version, check.kind)
+            review = subject_access_review(check, group=group, version=version, resource=resource)
+            answer = await self._kube.request("POST", SAR_PATH, body=review, request_timeout=_SAR_TIMEOUT)
+        except KubeApiError as exc:
+            log.warning("access check for %s %s failed: %s", check.api_version, check.kind, exc)
+            return AccessResult(False, error=str(exc))
+        status = answer.get("status") or {}
+        if status.get("evaluationError"):
+            # An authorizer that errored may still have answered; RBAC's answer stands either way.
+            log.warning("access check for %s: %s", check.kind, status["evaluationError"])
+        return AccessResult(status.get("allowed") is True)
+
+
+def make_app(authorize: Authorizer, *, default_queue_name: str) -> web.Application:
+    """The webhook's routes; ``authorize`` answers the validating webhook's access checks."""
+
+    async def read(request: web.Request) -> Any:
+        try:
+            return await request.json(loads=json.loads)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ReviewError(f"the body is not JSON: {exc}") from None
+
+    async def mutate_handler(request: web.Request) -> web.Response:
+        body: Any = None
+        try:
+            body = await read(request)
+            review = parse_review(body)
+            response = mutate(review, default_queue_name=default_queue_name)
+        except ReviewError as exc:
+            log.warning("mutating review not understood, admitted unchanged: %s", exc)
+            response = AdmissionResponse(allowed=True)
+        except Exception:
+            log.exception("mutating review failed, admitted unchanged")
+            response = AdmissionResponse(allowed=True)
+        else:
+            if response.patch:
+                log.info(
+                    "mutate %s %s/%s: %d label(s) set",
+                    review.operation,
+                    review.namespace,
+                    review.name or "(generated)",
+                    len(response.patch),
+                )
+        return web.json_response(review_body(body, response))
+
+    async def validate_handler(request: web.Request) -> web.Response:
+        body: Any = None
+        try:
+            body = await read(request)
+            review = parse_review(body)
+            response = await validate(review, authorize)
+        except ReviewError as exc:
+            log.warning("validating review refused: %s", exc)
+            response = refusal(f"malformed admission review: {exc}")
+        except Exception as exc:
+            log.exception("validating review failed")
+            response = AdmissionResponse(
+                allowed=False, code=500, reason="InternalError", message=f"admission check failed: {exc!r}"
+            )
+        else:
+            where = f"{review.namespace}/{review.name or '(generated)'}"
+            if response.allowed:
+                log.info("validate %s %s by %s: allowed", review.operation, where, review.user.username)
+            else:
+                log.info(
+                    "validate %s %s by %s: denied: %s",
+                    review.operation,
+                    where,
+                    review.user.username,
+                    response.message,
+                )
+        return web.json_response(review_body(body, response))
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    app = web.Application(client_max_size=_MAX_REVIEW_BYTES)
+    app.router.add_post(MUTATE_PATH, mutate_handler)
+    app.router.add_post(VALIDATE_PATH, validate_handler)
+    app.router.add_get(HEALTH_PATH, health)
+    return app
+
+
+# ---------------------------------------------------------------------------------------------
+# TLS
+
+
+@dataclass
+class ServingCert:
+    """The serving certificate, reloaded into the same SSL context when its files change."""
+
+    cert_file: Path
+    key_file: Path
+
+    def __post_init__(self) -> None:
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.context.load_cert_chain(self.cert_file, self.key_file)
+        self._stamp = self._files_stamp()
+
+    def _files_stamp(self) -> tuple[tuple[int, int], ...]:
+        stats = (self.cert_file.stat(), self.key_file.stat())
+        return tuple((s.st_mtime_ns, s.st_size) for s in stats)
+
+    def reload_if_changed(self) -> bool:
+        """Load the files again if they changed; a half-written pair keeps the old cert."""
+        try:
+            stamp = self._files_stamp()
+            if stamp == self._stamp:
+                return False
+            # New handshakes use what the context holds; connections already open keep theirs.
+            self.context.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("serving certificate not reloaded (keeping the current one): %s", exc)
+            return False
+        self._stamp = stamp
+        log.info("serving certificate reloaded from %s", self.cert_file)
+        return True
+
+    async def watch(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), _CERT_POLL_SECONDS)
+            self.reload_if_changed()
+
+
+# ---------------------------------------------------------------------------------------------
+# Process
+
+
+@dataclass(frozen=True)
+class Options:
+    host: str
+    port: int
+    cert_file: Path
+    key_file: Path
+    config: Path | None
+
+
+def parse_options(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Options:
+    environ = dict(os.environ) if env is None else env
+    parser = argparse.ArgumentParser(
+        prog="respawn-webhook", description="AppWrapper admission webhooks (mutating and validating)."
+    )
+    parser.add_argument(
+        "--host", default=environ.get("RESPAWN_WEBHOOK_HOST", "0.0.0.0"), help="address to listen on"
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(environ.get("RESPAWN_WEBHOOK_PORT", DEFAULT_PORT)),
+        help=f"HTTPS port (default {DEFAULT_PORT})",
+    )
+    parser.add_argument(
+        "--cert-file",
+        type=Path,
+        default=Path(environ.get("RESPAWN_WEBHOOK_CERT_FILE", DEFAULT_CERT_DIR / "tls.crt")),
+        help="PEM serving certificate (chain)",
+    )
+    parser.add_argument(
+        "--key-file",
+        type=Path,
+        default=Path(environ.get("RESPAWN_WEBHOOK_KEY_FILE", DEFAULT_CERT_DIR / "tls.key")),
+        help="PEM private key of the serving certificate",
+    )
+    parser.add_argument("--config", type=Path, default=None, help="operator configuration file")
+    args = parser.parse_args(argv)
+    return Options(args.host, args.port, args.cert_file, args.key_file, args.config)
+
+
+async def serve(options: Options) -> int:
+    from shared.config import ConfigError, load_config
+
+    try:
+        config = load_config(options.config)
+    except ConfigError as exc:
+        log.error("invalid configuration: %s", exc)
+        return 2
+    try:
+        cert = ServingCert(options.cert_file, options.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        log.error("cannot load the serving certificate %s / %s: %s", options.cert_file, options.key_file, exc)
+        return 2
+    try:
+        kube = await Kube.connect(config.kubeconfig)
+    except Exception as exc:
+        log.error("cannot configure Kubernetes access: %s", exc)
+        return 2
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    runner = web.AppRunner(
+        make_app(KubeAuthorizer(kube), default_queue_name=config.default_queue_name), access_log=None
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, options.host, options.port, ssl_context=cert.context)
+        try:
+            await site.start()
+        except OSError as exc:
+            log.error("cannot listen on %s:%d: %s", options.host, options.port, exc)
+            return 2
+        log.info(
+            "webhook serving on https://%s:%d (default queue %r)",
+            options.host,
+            options.port,
+            config.default_queue_name,
+        )
+        await cert.watch(stopping)
+    finally:
+        log.info("webhook shutting down")
+        await runner.cleanup()
+        await kube.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from shared.telemetry import setup_telemetry
+
+    options = parse_options(argv)
+    telemetry = setup_telemetry("webhook")
+    try:
+        code = asyncio.run(serve(options))
+    finally:
+        telemetry.shutdown()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
