@@ -33,6 +33,9 @@ class ObservedComponent:
     controlled_by_us: bool = True
     # The object's actual name, when known.
     name: str = ""
+    # The uid of the object seen. The service deletes with it as a precondition, so a plan
+    # computed from a view that has gone stale never deletes a newer object of the same name.
+    uid: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,8 @@ class ObservedPod:
     phase: str = "Pending"
     # Has a deletionTimestamp; one that stays like this is "stuck terminating".
     terminating: bool = False
+    # As ObservedComponent.uid: a force delete touches only the pod that was seen.
+    uid: str = ""
 
 
 @dataclass(frozen=True, slots=True)

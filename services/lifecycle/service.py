@@ -294,7 +294,7 @@ class Lifecycle:
                 RECONCILES.labels(outcome="idle").inc()
                 return use
             try:
-                outcomes = await self.carry_out(aw, plan, verdict)
+                outcomes = await self.carry_out(aw, plan, verdict, observed)
             except KubeApiError as exc:
                 if exc.conflict:
                     # Someone else wrote first: recompute from the fresh object, never overwrite.
@@ -352,6 +352,7 @@ class Lifecycle:
                 name=p["metadata"]["name"],
                 phase=(p.get("status") or {}).get("phase") or "Pending",
                 terminating=bool(p["metadata"].get("deletionTimestamp")),
+                uid=str(p["metadata"].get("uid") or ""),
             )
             for p in listing.get("items", [])
         )
@@ -370,15 +371,21 @@ class Lifecycle:
             return ObservedComponent(presence=Presence.UNKNOWN, name=name)
         presence = Presence.DELETING if obj["metadata"].get("deletionTimestamp") else Presence.PRESENT
         return ObservedComponent(
-            presence=presence, controlled_by_us=_controller_uid(obj) == aw_uid, name=name
+            presence=presence,
+            controlled_by_us=_controller_uid(obj) == aw_uid,
+            name=name,
+            uid=str(obj["metadata"].get("uid") or ""),
         )
 
     # ------------------------------------------------------------------ carrying out a plan
 
     async def carry_out(
-        self, aw: dict[str, Any], plan: Plan, verdict: Verdict | None
+        self, aw: dict[str, Any], plan: Plan, verdict: Verdict | None, observed: Observed | None = None
     ) -> dict[int, CreateOutcome]:
-        """Carry out ``plan``; returns the outcome of each CreateComponent by component index."""
+        """Carry out ``plan``; returns the outcome of each CreateComponent by component index.
+
+        ``observed`` is what the plan was computed from: deletes name the objects seen there.
+        """
         assert self.aw_ref is not None
         meta = aw["metadata"]
         resource_version = plan.resource_version or meta.get("resourceVersion", "")
@@ -403,7 +410,7 @@ class Lifecycle:
                 ):
                     outcomes[action.index] = await self.create(action, meta.get("uid", ""))
             else:
-                await self.act(aw, action)
+                await self.act(aw, action, observed)
         if plan.finalizer is FinalizerChange.REMOVE:
             await self.remove_finalizer(meta["name"], meta.get("namespace"))
         return outcomes
@@ -529,12 +536,22 @@ class Lifecycle:
             elif event.event == LifecycleEventType.DELETION_FORCEFUL:
                 ESCALATIONS.inc()
 
-    async def act(self, aw: Mapping[str, Any], action: object) -> None:
+    async def act(self, aw: Mapping[str, Any], action: object, observed: Observed | None = None) -> None:
+        """Carry out one action. Deletes carry the uid seen in ``observed`` as a precondition.
+
+        A plan that changes no status is not guarded by the resourceVersion of a status write,
+        so it may have been computed from a view that is stale by now: e.g. a deletion step of a
+        reset that another replica has meanwhile completed, recreating the Job under the same
+        name. Deleting by name alone would then delete the new attempt's Job (and fail the
+        AppWrapper with MissingComponent); with the uid, the delete leaves a namesake alone.
+        """
         meta = aw["metadata"]
         namespace = meta.get("namespace", "")
         if isinstance(action, DeleteComponent | ForceDeleteComponent):
             grace = 0 if isinstance(action, ForceDeleteComponent) else None
             span = "lifecycle.force_delete_component" if grace == 0 else "lifecycle.delete_component"
+            seen = observed.component(action.index) if observed is not None else ObservedComponent()
+            uid = seen.uid if seen.name == action.name else ""
             with tracer.start_as_current_span(span, attributes={"component": action.index}):
                 try:
                     ref = await self.kube.resource(action.api_version, action.kind)
@@ -543,6 +560,7 @@ class Lifecycle:
                         action.name,
                         action.namespace if ref.namespaced else None,
                         grace_period_seconds=grace,
+                        uid=uid or None,
                     )
                 except KubeApiError as exc:
                     if not exc.not_found:
@@ -552,9 +570,17 @@ class Lifecycle:
             with tracer.start_as_current_span(
                 "lifecycle.force_delete_pods", attributes={"pods": len(action.names)}
             ):
+                seen_pods = (observed.pods if observed is not None else None) or ()
+                pod_uids = {p.name: p.uid for p in seen_pods}
                 for pod in action.names:
                     try:
-                        await self.kube.delete(self.pods_ref, pod, action.namespace, grace_period_seconds=0)
+                        await self.kube.delete(
+                            self.pods_ref,
+                            pod,
+                            action.namespace,
+                            grace_period_seconds=0,
+                            uid=pod_uids.get(pod) or None,
+                        )
                     except KubeApiError as exc:
                         log.warning("force-deleting pod %s/%s failed: %s", action.namespace, pod, exc)
         elif isinstance(action, EmitEvent):

@@ -1,0 +1,98 @@
+"""The lifecycle service deletes exactly the objects its plan was computed from.
+
+A plan that changes no status (e.g. one step of a staged deletion) is not guarded by the
+resourceVersion of a status write, so by the time it is carried out another replica may have
+finished the reset and recreated the Job under the same name. Each delete therefore carries the
+uid that was observed as a precondition; the API server then leaves a newer namesake alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.lifecycle.actions import DeleteComponent, ForceDeleteComponent, ForceDeletePods
+from services.lifecycle.observed import Observed, ObservedComponent, ObservedPod, Presence
+from services.lifecycle.service import Lifecycle
+from shared.kube import ResourceRef
+
+JOBS = ResourceRef(group="batch", version="v1", plural="jobs", kind="Job", namespaced=True)
+PODS = ResourceRef(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
+AW = {"metadata": {"name": "train", "namespace": "team", "uid": "aw-uid"}}
+
+
+@dataclass
+class RecordingKube:
+    """Stands in for the Kube client: records deletes (name, grace period, uid precondition)."""
+
+    deletes: list[tuple[str, str, int | None, str | None]] = field(default_factory=list)
+
+    async def resource(self, api_version: str, kind: str) -> ResourceRef:
+        assert (api_version, kind) == ("batch/v1", "Job")
+        return JOBS
+
+    async def delete(
+        self,
+        ref: ResourceRef,
+        name: str,
+        namespace: str | None = None,
+        *,
+        grace_period_seconds: int | None = None,
+        propagation: str = "Background",
+        uid: str | None = None,
+    ) -> dict[str, Any] | None:
+        self.deletes.append((ref.plural, name, grace_period_seconds, uid))
+        return None
+
+
+def service(kube: RecordingKube) -> Lifecycle:
+    # Only what act() uses: no runtime, no bus, no API server.
+    svc = Lifecycle.__new__(Lifecycle)
+    svc.kube = kube  # type: ignore[assignment]
+    svc.pods_ref = PODS
+    return svc
+
+
+def seen_job(uid: str, name: str = "train-job") -> Observed:
+    return Observed(components=(ObservedComponent(presence=Presence.PRESENT, name=name, uid=uid),), pods=())
+
+
+async def test_component_deletes_carry_the_observed_uid() -> None:
+    kube = RecordingKube()
+    svc = service(kube)
+    delete = DeleteComponent(index=0, api_version="batch/v1", kind="Job", namespace="team", name="train-job")
+    force = ForceDeleteComponent(
+        index=0, api_version="batch/v1", kind="Job", namespace="team", name="train-job"
+    )
+    await svc.act(AW, delete, seen_job("job-uid-1"))
+    await svc.act(AW, force, seen_job("job-uid-1"))
+    assert kube.deletes == [("jobs", "train-job", None, "job-uid-1"), ("jobs", "train-job", 0, "job-uid-1")]
+
+
+async def test_a_component_not_seen_under_that_name_is_deleted_by_name_only() -> None:
+    kube = RecordingKube()
+    svc = service(kube)
+    delete = DeleteComponent(index=0, api_version="batch/v1", kind="Job", namespace="team", name="train-job")
+    # Seen under another name (or not read at all): no uid is known for this name.
+    await svc.act(AW, delete, seen_job("other-uid", name="train-job-old"))
+    await svc.act(AW, delete, Observed())
+    await svc.act(AW, delete)
+    assert [uid for *_, uid in kube.deletes] == [None, None, None]
+
+
+async def test_forced_pod_deletes_carry_each_observed_pod_uid() -> None:
+    kube = RecordingKube()
+    svc = service(kube)
+    observed = Observed(
+        pods=(
+            ObservedPod(name="train-master-0", phase="Running", terminating=True, uid="pod-uid-1"),
+            ObservedPod(name="train-worker-0", phase="Running", terminating=True, uid="pod-uid-2"),
+        )
+    )
+    names = ("train-master-0", "train-worker-0", "train-worker-1")
+    await svc.act(AW, ForceDeletePods(namespace="team", names=names), observed)
+    assert kube.deletes == [
+        ("pods", "train-master-0", 0, "pod-uid-1"),
+        ("pods", "train-worker-0", 0, "pod-uid-2"),
+        ("pods", "train-worker-1", 0, None),
+    ]
