@@ -411,13 +411,12 @@ def _problems(exc: ValidationError) -> str:
 
 
 def _validate_create(
-    request: AdmissionRequest, access: Mapping[AccessCheck, AccessResult]
+    request: AdmissionRequest, obj: Mapping[str, Any], access: Mapping[AccessCheck, AccessResult]
 ) -> AdmissionResponse:
-    assert request.object is not None
     namespace = _namespace(request)
     errors: list[_FieldError] = []
-    components: list[AppWrapperComponent] = []
-    for index, template in enumerate(_templates(request.object)):
+    components: dict[int, AppWrapperComponent] = {}
+    for index, template in enumerate(_templates(obj)):
         where = f"spec.components[{index}]"
         found = _kind_of(template)
         if found is None:
@@ -445,18 +444,16 @@ def _validate_create(
                     f"User {request.user.username} is not authorized to create {kind} in {namespace}",
                 )
             )
-        raw = request.object["spec"]["components"][index]
+        raw = obj["spec"]["components"][index]
         try:
-            components.append(AppWrapperComponent.model_validate(raw))
+            components[index] = AppWrapperComponent.model_validate(raw)
         except ValidationError as exc:
             errors.append(_FieldError(where, ErrorType.INVALID, _problems(exc)))
-    if len(components) == len(request.object["spec"]["components"]):
-        problems = validate_appwrapper_pod_sets(components)
+    if len(components) == len(obj["spec"]["components"]):
+        problems = validate_appwrapper_pod_sets(list(components.values()))
     else:
-        # Positions would shift if malformed components were left out of the whole-list check.
-        problems = [
-            f"spec.components[{i}].{p}" for i, c in enumerate(components) for p in validate_pod_sets(c)
-        ]
+        # The whole-list check would misnumber components if malformed ones were left out.
+        problems = [f"spec.components[{i}].{p}" for i, c in components.items() for p in validate_pod_sets(c)]
     for problem in problems:
         path, _, detail = problem.partition(": ")
         errors.append(_FieldError(path, ErrorType.INVALID, detail))
@@ -487,7 +484,7 @@ def validation_response(
         if request.operation == "CREATE":
             if request.object is None:
                 raise ReviewError("a CREATE review must carry the object")
-            return _validate_create(request, access)
+            return _validate_create(request, request.object, access)
         if request.operation == "UPDATE":
             return _validate_update(request)
     except ReviewError as exc:

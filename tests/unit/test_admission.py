@@ -1,0 +1,708 @@
+"""The AppWrapper admission decisions (services/lifecycle/admission.py) and the webhook's HTTP layer."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import re
+from collections.abc import Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.lifecycle.admission import (
+    AccessCheck,
+    AccessResult,
+    AdmissionRequest,
+    ReviewError,
+    UserInfo,
+    access_checks,
+    mutate,
+    parse_review,
+    review_body,
+    sanitize_label,
+    subject_access_review,
+    validate,
+    validation_response,
+)
+from services.lifecycle.webhook import KubeAuthorizer, ServingCert, make_app, parse_options
+from shared.appwrapper.constants import QUEUE_NAME_LABEL, USER_ID_LABEL, USER_LABEL
+from shared.kube import KubeApiError
+from shared.kube.client import ResourceRef
+
+NS = "team-a"
+ALICE = {
+    "username": "system:serviceaccount:team-a:alice",
+    "uid": "4f6a0c1e-8b1d-4e55-9d5f-0a1b2c3d4e5f",
+    "groups": ["system:serviceaccounts", "system:serviceaccounts:team-a", "system:authenticated"],
+    "extra": {"authentication.kubernetes.io/pod-name": ["p"]},
+}
+# A valid label value: empty, or alphanumeric at both ends with [-_.A-Za-z0-9] between, ≤ 63.
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def pod_template() -> dict[str, Any]:
+    return {"spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+
+
+def deployment(replicas: int = 2) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {"replicas": replicas, "template": pod_template()},
+    }
+
+
+def job() -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j"},
+        "spec": {"template": pod_template()},
+    }
+
+
+def appwrapper(
+    *templates: dict[str, Any], labels: dict[str, str] | None = None, **component: Any
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": "aw", "namespace": NS}
+    if labels is not None:
+        metadata["labels"] = labels
+    return {
+        "apiVersion": "workload.codeflare.dev/v1beta2",
+        "kind": "AppWrapper",
+        "metadata": metadata,
+        "spec": {"components": [{"template": t, **component} for t in templates]},
+    }
+
+
+def review(
+    obj: dict[str, Any] | None,
+    *,
+    operation: str = "CREATE",
+    old: dict[str, Any] | None = None,
+    user: dict[str, Any] | None = None,
+    kind: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    request: dict[str, Any] = {
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "kind": kind or {"group": "workload.codeflare.dev", "version": "v1beta2", "kind": "AppWrapper"},
+        "resource": {"group": "workload.codeflare.dev", "version": "v1beta2", "resource": "appwrappers"},
+        "namespace": NS,
+        "name": "aw",
+        "operation": operation,
+        "userInfo": ALICE if user is None else user,
+        "object": obj,
+        "oldObject": old,
+        "dryRun": False,
+    }
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def request_for(obj: dict[str, Any] | None, **kwargs: Any) -> AdmissionRequest:
+    return parse_review(review(obj, **kwargs))
+
+
+def allow_all(request: AdmissionRequest) -> dict[AccessCheck, AccessResult]:
+    return {check: AccessResult(True) for check in access_checks(request)}
+
+
+def apply_patch(obj: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
+    """Just enough RFC 6902 'add' to check what a patch does to the object."""
+    result = copy.deepcopy(obj)
+    for op in patch:
+        assert op["op"] == "add"
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        target = result
+        for part in parts[:-1]:
+            target = target[part]
+        target[parts[-1]] = op["value"]
+    return result
+
+
+def decoded_patch(request: AdmissionRequest, default_queue_name: str = "") -> list[dict[str, Any]]:
+    body = review_body(
+        {"request": {"uid": request.uid}}, mutate(request, default_queue_name=default_queue_name)
+    )
+    response = body["response"]
+    if "patch" not in response:
+        return []
+    assert response["patchType"] == "JSONPatch"
+    patch: list[dict[str, Any]] = json.loads(base64.b64decode(response["patch"]))
+    return patch
+
+
+# ---------------------------------------------------------------------------------------------
+# Label sanitising
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("system:serviceaccount:team-a:alice", "system_serviceaccount_team-a_alice"),
+        ("Bob Smith <bob@example.com>", "Bob_Smith__bob_example.com"),
+        ("kubernetes-admin", "kubernetes-admin"),
+        ("4f6a0c1e-8b1d-4e55-9d5f-0a1b2c3d4e5f", "4f6a0c1e-8b1d-4e55-9d5f-0a1b2c3d4e5f"),
+        ("-_.oidc:alice._-", "oidc_alice"),
+        ("Zoë", "Zo"),  # non-ASCII letters are not label characters
+        ("", ""),
+        (":::", ""),
+        ("a" * 62 + ":b", "a" * 62),  # cut to 63 first, then the trailing '_' trimmed
+        ("x" * 100, "x" * 63),
+    ],
+)
+def test_sanitize_label_as_upstream(raw: str, expected: str) -> None:
+    assert sanitize_label(raw) == expected
+
+
+@given(st.text(max_size=200))
+def test_sanitized_values_are_valid_label_values(raw: str) -> None:
+    value = sanitize_label(raw)
+    assert len(value) <= 63
+    assert LABEL_VALUE.match(value)
+    assert sanitize_label(value) == value
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading reviews
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ([], "JSON object"),
+        ({"apiVersion": "v1", "kind": "Pod"}, "expected an AdmissionReview"),
+        ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}, "no request"),
+        ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"kind": {}}}, "uid"),
+        (
+            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u"}},
+            "request.kind",
+        ),
+    ],
+)
+def test_parse_review_names_what_is_wrong(body: Any, problem: str) -> None:
+    with pytest.raises(ReviewError, match=re.escape(problem)):
+        parse_review(body)
+
+
+def test_parse_review_rejects_malformed_user_info() -> None:
+    body = review(appwrapper(deployment()), user={"username": "a", "groups": "not-a-list"})
+    with pytest.raises(ReviewError, match="groups"):
+        parse_review(body)
+
+
+def test_parse_review_reads_user_and_objects() -> None:
+    request = request_for(appwrapper(deployment()))
+    assert request.uid == "705ab4f5-6393-11e8-b7cc-42010a800002"
+    assert request.operation == "CREATE"
+    assert request.namespace == NS
+    assert request.user.username == ALICE["username"]
+    assert request.user.groups == tuple(ALICE["groups"])
+    assert request.user.extra_dict() == ALICE["extra"]
+    assert request.object is not None
+    assert request.old_object is None
+
+
+def test_review_body_echoes_uid_even_for_malformed_reviews() -> None:
+    from services.lifecycle.admission import refusal
+
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "abc"}}
+    answer = review_body(body, refusal("nope"))
+    assert answer["apiVersion"] == "admission.k8s.io/v1"
+    assert answer["kind"] == "AdmissionReview"
+    assert answer["response"] == {
+        "uid": "abc",
+        "allowed": False,
+        "status": {"code": 400, "reason": "BadRequest", "message": "nope"},
+    }
+    assert review_body(b"garbage", refusal("x"))["response"]["uid"] == ""
+    v1beta1 = {"apiVersion": "admission.k8s.io/v1beta1", "request": {"uid": "u"}}
+    assert review_body(v1beta1, refusal("x"))["apiVersion"] == "admission.k8s.io/v1beta1"
+
+
+# ---------------------------------------------------------------------------------------------
+# Mutation
+
+
+def test_mutate_adds_labels_map_when_there_is_none() -> None:
+    obj = appwrapper(deployment())
+    patch = decoded_patch(request_for(obj), "default-queue")
+    assert patch == [
+        {
+            "op": "add",
+            "path": "/metadata/labels",
+            "value": {
+                QUEUE_NAME_LABEL: "default-queue",
+                USER_LABEL: "system_serviceaccount_team-a_alice",
+                USER_ID_LABEL: ALICE["uid"],
+            },
+        }
+    ]
+
+
+def test_mutate_adds_escaped_keys_to_existing_labels() -> None:
+    obj = appwrapper(deployment(), labels={"app": "web"})
+    patch = decoded_patch(request_for(obj), "default-queue")
+    assert [op["path"] for op in patch] == [
+        "/metadata/labels/kueue.x-k8s.io~1queue-name",
+        "/metadata/labels/workload.codeflare.dev~1user",
+        "/metadata/labels/workload.codeflare.dev~1userid",
+    ]
+    assert apply_patch(obj, patch)["metadata"]["labels"] == {
+        "app": "web",
+        QUEUE_NAME_LABEL: "default-queue",
+        USER_LABEL: "system_serviceaccount_team-a_alice",
+        USER_ID_LABEL: ALICE["uid"],
+    }
+
+
+@pytest.mark.parametrize("given_queue", ["team-queue", ""])
+def test_mutate_never_overrides_a_given_queue(given_queue: str) -> None:
+    obj = appwrapper(deployment(), labels={QUEUE_NAME_LABEL: given_queue})
+    patched = apply_patch(obj, decoded_patch(request_for(obj), "default-queue"))
+    assert patched["metadata"]["labels"][QUEUE_NAME_LABEL] == given_queue
+
+
+def test_mutate_without_default_queue_sets_only_user_labels() -> None:
+    obj = appwrapper(deployment())
+    patched = apply_patch(obj, decoded_patch(request_for(obj), ""))
+    assert set(patched["metadata"]["labels"]) == {USER_LABEL, USER_ID_LABEL}
+
+
+def test_mutate_replaces_user_labels_given_by_the_user_with_a_warning() -> None:
+    obj = appwrapper(deployment(), labels={USER_LABEL: "someone-else", USER_ID_LABEL: "0"})
+    request = request_for(obj)
+    response = mutate(request, default_queue_name="")
+    patched = apply_patch(obj, list(response.patch))
+    assert patched["metadata"]["labels"] == {
+        USER_LABEL: "system_serviceaccount_team-a_alice",
+        USER_ID_LABEL: ALICE["uid"],
+    }
+    assert len(response.warnings) == 2
+    assert all("replaced" in w for w in response.warnings)
+
+
+def test_mutate_sets_empty_uid_label_for_users_without_uid() -> None:
+    # Client-certificate users have no uid; upstream still sets the label (to "").
+    obj = appwrapper(deployment())
+    request = request_for(obj, user={"username": "kubernetes-admin", "groups": ["system:masters"]})
+    labels = apply_patch(obj, decoded_patch(request))["metadata"]["labels"]
+    assert labels == {USER_LABEL: "kubernetes-admin", USER_ID_LABEL: ""}
+
+
+def test_mutate_sends_no_patch_when_nothing_changes() -> None:
+    labels = {
+        QUEUE_NAME_LABEL: "q",
+        USER_LABEL: "system_serviceaccount_team-a_alice",
+        USER_ID_LABEL: ALICE["uid"],
+    }
+    response = mutate(request_for(appwrapper(deployment(), labels=labels)), default_queue_name="d")
+    assert response.allowed
+    assert response.patch == ()
+    assert "patch" not in response.to_json("u")
+
+
+def test_mutate_leaves_updates_and_malformed_objects_alone() -> None:
+    obj = appwrapper(deployment())
+    assert mutate(request_for(obj, operation="UPDATE", old=obj), default_queue_name="d").patch == ()
+    broken = {"apiVersion": "workload.codeflare.dev/v1beta2", "kind": "AppWrapper", "metadata": "x"}
+    response = mutate(request_for(broken), default_queue_name="d")
+    assert response.allowed
+    assert response.patch == ()
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: access checks
+
+
+def test_one_access_check_per_wrapped_kind_in_the_appwrapper_namespace() -> None:
+    request = request_for(appwrapper(deployment(), job(), deployment()))
+    checks = access_checks(request)
+    assert [(c.api_version, c.kind, c.namespace) for c in checks] == [
+        ("apps/v1", "Deployment", NS),
+        ("batch/v1", "Job", NS),
+    ]
+    assert all(c.user == request.user for c in checks)
+
+
+def test_no_access_checks_for_updates() -> None:
+    obj = appwrapper(deployment())
+    assert access_checks(request_for(obj, operation="UPDATE", old=obj)) == []
+
+
+def test_subject_access_review_carries_the_whole_user() -> None:
+    request = request_for(appwrapper(deployment()))
+    (check,) = access_checks(request)
+    sar = subject_access_review(check, group="apps", version="v1", resource="deployments")
+    assert sar == {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "resourceAttributes": {
+                "namespace": NS,
+                "verb": "create",
+                "group": "apps",
+                "version": "v1",
+                "resource": "deployments",
+            },
+            "user": ALICE["username"],
+            "groups": ALICE["groups"],
+            "uid": ALICE["uid"],
+            "extra": ALICE["extra"],
+        },
+    }
+
+
+def test_denied_kind_rejects_with_a_message_naming_it() -> None:
+    request = request_for(appwrapper(job(), deployment()))
+    access = {c: AccessResult(c.kind != "Deployment") for c in access_checks(request)}
+    response = validation_response(request, access)
+    assert not response.allowed
+    assert response.code == 403
+    assert response.reason == "Forbidden"
+    assert response.message == (
+        "spec.components[1].template: Forbidden: "
+        "User system:serviceaccount:team-a:alice is not authorized to create Deployment in team-a"
+    )
+
+
+def test_every_component_of_a_denied_kind_is_named() -> None:
+    request = request_for(appwrapper(deployment(), deployment()))
+    response = validation_response(request, {c: AccessResult(False) for c in access_checks(request)})
+    assert "spec.components[0].template" in response.message
+    assert "spec.components[1].template" in response.message
+
+
+def test_permitted_kinds_are_admitted() -> None:
+    request = request_for(appwrapper(job(), deployment()))
+    response = validation_response(request, allow_all(request))
+    assert response.allowed
+    assert response.to_json("u") == {"uid": "u", "allowed": True}
+
+
+def test_a_failed_or_missing_access_check_never_counts_as_permission() -> None:
+    request = request_for(appwrapper(deployment()))
+    (check,) = access_checks(request)
+    failed = validation_response(request, {check: AccessResult(False, error="503 ServiceUnavailable: down")})
+    assert not failed.allowed
+    assert failed.code == 500
+    assert "Deployment" in failed.message
+    assert "503 ServiceUnavailable: down" in failed.message
+    missing = validation_response(request, {})
+    assert not missing.allowed
+    assert missing.code == 500
+
+
+async def test_validate_asks_the_authorizer_and_treats_its_exceptions_as_failures() -> None:
+    request = request_for(appwrapper(job(), deployment()))
+    asked: list[AccessCheck] = []
+
+    async def authorize(check: AccessCheck) -> AccessResult:
+        asked.append(check)
+        if check.kind == "Deployment":
+            raise RuntimeError("boom")
+        return AccessResult(True)
+
+    response = await validate(request, authorize)
+    assert sorted(c.kind for c in asked) == ["Deployment", "Job"]
+    assert not response.allowed
+    assert "spec.components[1].template: Internal error" in response.message
+    assert "boom" in response.message
+    assert "spec.components[0]" not in response.message
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: pod sets
+
+
+def validate_allowed_access(obj: dict[str, Any]) -> Any:
+    request = request_for(obj)
+    return validation_response(request, allow_all(request))
+
+
+def test_pod_set_path_that_does_not_exist_is_rejected() -> None:
+    response = validate_allowed_access(
+        appwrapper(job(), podSets=[{"path": "template.spec.nosuch", "replicas": 1}])
+    )
+    assert not response.allowed
+    assert response.code == 422
+    assert response.reason == "Invalid"
+    assert response.message.startswith(
+        "spec.components[0].podSets[0].path: Invalid: path does not refer to a v1.PodSpecTemplate:"
+    )
+    assert "missing field 'nosuch'" in response.message
+
+
+def test_pod_set_path_that_is_not_a_pod_template_is_rejected() -> None:
+    response = validate_allowed_access(
+        appwrapper(deployment(), podSets=[{"path": "template.spec", "replicas": 2}])
+    )
+    assert not response.allowed
+    assert "spec.components[0].podSets[0].path: Invalid: path does not refer to a v1.PodSpecTemplate" in (
+        response.message
+    )
+
+
+def test_declared_pod_sets_must_match_inference() -> None:
+    too_many = validate_allowed_access(
+        appwrapper(
+            deployment(),
+            podSets=[{"path": "template.spec.template", "replicas": 2}, {"path": "template.spec.template"}],
+        )
+    )
+    assert "DeclaredPodSet count 2 differs from inferred count 1" in too_many.message
+    wrong_replicas = validate_allowed_access(
+        appwrapper(deployment(replicas=2), podSets=[{"path": "template.spec.template", "replicas": 5}])
+    )
+    assert not wrong_replicas.allowed
+    assert "replica count 5 differs from inferred count 2" in wrong_replicas.message
+
+
+def test_matching_declared_pod_sets_are_admitted() -> None:
+    response = validate_allowed_access(
+        appwrapper(deployment(replicas=2), podSets=[{"path": "template.spec.template", "replicas": 2}])
+    )
+    assert response.allowed
+
+
+def test_rights_and_pod_set_problems_are_reported_together() -> None:
+    request = request_for(appwrapper(deployment(), podSets=[{"path": "template.spec.x"}]))
+    response = validation_response(request, {c: AccessResult(False) for c in access_checks(request)})
+    assert "not authorized to create Deployment" in response.message
+    assert "missing field 'x'" in response.message
+    assert response.code == 422  # malformed content outranks rights
+
+
+def test_component_without_kind_is_invalid_and_others_still_checked() -> None:
+    obj = appwrapper({"apiVersion": "v1", "metadata": {}}, job())
+    obj["spec"]["components"][1]["podSets"] = [{"path": "template.spec.nope"}]
+    response = validate_allowed_access(obj)
+    assert not response.allowed
+    assert "spec.components[0].template: Invalid: apiVersion and kind are required" in response.message
+    assert "spec.components[1].podSets[0].path" in response.message
+
+
+def test_components_that_are_not_a_list_are_refused() -> None:
+    obj = appwrapper(job())
+    obj["spec"]["components"] = {"not": "a list"}
+    response = validate_allowed_access(obj)
+    assert not response.allowed
+    assert "spec.components must be a list" in response.message
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: updates and other operations
+
+
+def labelled(**labels: str) -> dict[str, Any]:
+    return appwrapper(deployment(), labels=labels)
+
+
+@pytest.mark.parametrize("key", [USER_LABEL, USER_ID_LABEL])
+def test_user_labels_are_immutable(key: str) -> None:
+    old = labelled(**{USER_LABEL: "alice", USER_ID_LABEL: "1"})
+    for new_labels in (
+        {**old["metadata"]["labels"], key: "mallory"},
+        {k: v for k, v in old["metadata"]["labels"].items() if k != key},
+    ):
+        new = copy.deepcopy(old)
+        new["metadata"]["labels"] = new_labels
+        response = validation_response(request_for(new, operation="UPDATE", old=old), {})
+        assert not response.allowed
+        assert response.code == 403
+        assert response.message == f"metadata.labels[{key}]: Forbidden: attempt to change immutable field"
+
+
+def test_user_labels_cannot_be_added_after_creation() -> None:
+    old = labelled()
+    new = labelled(**{USER_LABEL: "alice"})
+    assert not validation_response(request_for(new, operation="UPDATE", old=old), {}).allowed
+
+
+def test_other_updates_are_allowed() -> None:
+    old = labelled(**{USER_LABEL: "alice", USER_ID_LABEL: "1"})
+    new = copy.deepcopy(old)
+    new["metadata"]["labels"]["team"] = "x"
+    new["metadata"]["finalizers"] = []
+    new["spec"]["suspend"] = True
+    assert validation_response(request_for(new, operation="UPDATE", old=old), {}).allowed
+
+
+def test_update_without_old_object_is_refused() -> None:
+    response = validation_response(request_for(labelled(), operation="UPDATE"), {})
+    assert not response.allowed
+    assert "oldObject" in response.message
+
+
+def test_other_kinds_are_refused_and_deletes_allowed() -> None:
+    pod = request_for({"apiVersion": "v1", "kind": "Pod"}, kind={"group": "", "version": "v1", "kind": "Pod"})
+    response = validation_response(pod, {})
+    assert not response.allowed
+    assert (
+        response.message == "this webhook admits only workload.codeflare.dev/v1beta2 AppWrapper, not v1 Pod"
+    )
+    assert validation_response(request_for(None, operation="DELETE", old=labelled()), {}).allowed
+
+
+# ---------------------------------------------------------------------------------------------
+# The HTTP layer
+
+
+@asynccontextmanager
+async def client(authorize: Any = None, default_queue_name: str = "q") -> Any:
+    async def allow(_: AccessCheck) -> AccessResult:
+        return AccessResult(True)
+
+    app = make_app(authorize or allow, default_queue_name=default_queue_name)
+    async with TestClient(TestServer(app)) as c:
+        yield c
+
+
+async def test_http_validate_and_mutate_answer_reviews() -> None:
+    async with client() as c:
+        resp = await c.post("/validate-appwrapper", json=review(appwrapper(deployment())))
+        assert resp.status == 200
+        assert (await resp.json())["response"] == {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "allowed": True,
+        }
+        resp = await c.post("/mutate-appwrapper", json=review(appwrapper(deployment())))
+        answer = (await resp.json())["response"]
+        assert answer["allowed"] is True
+        patch = json.loads(base64.b64decode(answer["patch"]))
+        assert patch[0]["value"][QUEUE_NAME_LABEL] == "q"
+        assert (await (await c.get("/healthz")).text()) == "ok\n"
+
+
+async def test_http_malformed_input_is_answered_not_crashed_on() -> None:
+    async with client() as c:
+        for body in (b"{not json", b"[]", json.dumps({"apiVersion": "admission.k8s.io/v1"}).encode()):
+            resp = await c.post("/validate-appwrapper", data=body)
+            assert resp.status == 200
+            answer = (await resp.json())["response"]
+            assert answer["allowed"] is False
+            assert answer["status"]["message"].startswith("malformed admission review: ")
+            resp = await c.post("/mutate-appwrapper", data=body)
+            assert resp.status == 200
+            assert (await resp.json())["response"] == {"uid": "", "allowed": True}
+        # The uid is echoed when there is one, so the API server shows the message.
+        partial = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "x1"}}
+        answer = (await (await c.post("/validate-appwrapper", json=partial)).json())["response"]
+        assert answer["uid"] == "x1"
+        assert "request.kind" in answer["status"]["message"]
+
+
+async def test_http_authorizer_crash_is_a_refusal() -> None:
+    async def broken(_: AccessCheck) -> AccessResult:
+        raise KeyError("x")
+
+    async with client(broken) as c:
+        answer = (await (await c.post("/validate-appwrapper", json=review(appwrapper(job())))).json())[
+            "response"
+        ]
+        assert answer["allowed"] is False
+        assert answer["status"]["code"] == 500
+
+
+# ---------------------------------------------------------------------------------------------
+# KubeAuthorizer against a fake API
+
+
+class FakeKube:
+    def __init__(
+        self, *, served: bool = True, allowed: bool = True, fail: KubeApiError | None = None
+    ) -> None:
+        self.served, self.allowed, self.fail = served, allowed, fail
+        self.posted: list[tuple[str, str, Any]] = []
+
+    async def resource(self, api_version: str, kind: str) -> ResourceRef:
+        if not self.served:
+            raise KubeApiError(404, "NotFound", f"kind {kind} is not served")
+        return ResourceRef("apps", "v1", "deployments", kind, True)
+
+    async def request(self, method: str, path: str, *, body: Any = None, **_: Any) -> dict[str, Any]:
+        if self.fail is not None:
+            raise self.fail
+        self.posted.append((method, path, body))
+        return {"status": {"allowed": self.allowed}}
+
+
+def deployment_check() -> AccessCheck:
+    return AccessCheck("apps/v1", "Deployment", NS, UserInfo(username="alice"))
+
+
+async def test_kube_authorizer_posts_a_review_for_the_discovered_resource() -> None:
+    kube = FakeKube(allowed=False)
+    result = await KubeAuthorizer(kube)(deployment_check())  # type: ignore[arg-type]
+    assert result == AccessResult(False)
+    ((method, path, body),) = kube.posted
+    assert (method, path) == ("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews")
+    assert body["spec"]["resourceAttributes"]["resource"] == "deployments"
+    assert body["spec"]["user"] == "alice"
+    assert (await KubeAuthorizer(FakeKube(allowed=True))(deployment_check())).allowed  # type: ignore[arg-type]
+
+
+async def test_kube_authorizer_asks_about_every_resource_for_unserved_kinds() -> None:
+    kube = FakeKube(served=False)
+    await KubeAuthorizer(kube)(AccessCheck("example.com/v1", "Widget", NS, UserInfo("alice")))  # type: ignore[arg-type]
+    attrs = kube.posted[0][2]["spec"]["resourceAttributes"]
+    assert (attrs["group"], attrs["version"], attrs["resource"]) == ("example.com", "v1", "*")
+
+
+async def test_kube_authorizer_reports_api_failures_as_errors() -> None:
+    kube = FakeKube(fail=KubeApiError(503, "ServiceUnavailable", "down"))
+    result = await KubeAuthorizer(kube)(deployment_check())  # type: ignore[arg-type]
+    assert not result.allowed
+    assert "503" in result.error
+
+
+# ---------------------------------------------------------------------------------------------
+# Options and certificates
+
+
+def test_options_from_flags_and_environment() -> None:
+    env = {"RESPAWN_WEBHOOK_PORT": "8443", "RESPAWN_WEBHOOK_CERT_FILE": "/c/tls.crt"}
+    options = parse_options(["--key-file", "/k/tls.key"], env)
+    assert options.port == 8443
+    assert str(options.cert_file) == "/c/tls.crt"
+    assert str(options.key_file) == "/k/tls.key"
+    assert parse_options(["--port", "1"], env).port == 1
+    assert parse_options([], {}).port == 9443
+
+
+@pytest.fixture
+def cert_files(tmp_path: Any) -> Iterator[tuple[Any, Any]]:
+    from shared.testbed.pki import serving_bundle
+
+    bundle = serving_bundle("webhook.test")
+    crt, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    crt.write_bytes(bundle["tls.crt"])
+    key.write_bytes(bundle["tls.key"])
+    yield crt, key
+
+
+def test_serving_cert_reloads_only_when_files_change(cert_files: tuple[Any, Any]) -> None:
+    import os
+
+    from shared.testbed.pki import serving_bundle
+
+    crt, key = cert_files
+    cert = ServingCert(crt, key)
+    assert not cert.reload_if_changed()
+    bundle = serving_bundle("webhook.test")
+    crt.write_bytes(bundle["tls.crt"])
+    key.write_bytes(bundle["tls.key"])
+    later = crt.stat().st_mtime_ns + 1_000_000_000
+    os.utime(crt, ns=(later, later))
+    assert cert.reload_if_changed()
+    # A mismatched pair (key rotated, cert not yet) keeps the current certificate.
+    key.write_bytes(serving_bundle("other.test")["tls.key"])
+    later += 1_000_000_000
+    os.utime(key, ns=(later, later))
+    assert not cert.reload_if_changed()
