@@ -820,7 +820,7 @@ async def test_each_service_user_can_do_its_job_on_the_bus(auth_nats: AuthNats, 
         if service == "health":
             # The start-up replay of the last verdict per AppWrapper (an ordered push consumer).
             sub = await bus.js.subscribe(
-                subjects.verdict(message.ref.namespace, message.ref.name),  # type: ignore[attr-defined]
+                subject,
                 stream=subjects.VERDICTS_STREAM,
                 ordered_consumer=True,
                 deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
@@ -837,7 +837,7 @@ async def test_each_service_user_can_do_its_job_on_the_bus(auth_nats: AuthNats, 
             last = await bus.js.get_last_msg(subjects.NODE_VERDICTS_STREAM, subject)
             assert decode(NodeVerdict, last.data) == message
             durable = unique("autopilot")
-            await bus.consume(
+            consumer = await bus.consume(
                 subjects.OBSERVATIONS_STREAM,
                 durable,
                 subjects.node_obs_filter(),
@@ -845,7 +845,8 @@ async def test_each_service_user_can_do_its_job_on_the_bus(auth_nats: AuthNats, 
                 _ignore,
                 inactive_threshold=60.0,
             )
-            await bus.consumers[-1].stop()
+            await until("autopilot's consumer to bind", lambda: consumer.running, within=10)
+            await consumer.stop()
             assert await bus.js.delete_consumer(subjects.OBSERVATIONS_STREAM, durable)
 
 
