@@ -48,7 +48,8 @@ from services.lifecycle.admission import (
 from shared.kube import Kube, KubeApiError
 from shared.kube.client import split_api_version
 
-log = logging.getLogger(__name__)
+# Named explicitly: run as `python -m`, __name__ would be "__main__" in every log line.
+log = logging.getLogger("services.lifecycle.webhook")
 
 MUTATE_PATH: Final = "/mutate-appwrapper"
 VALIDATE_PATH: Final = "/validate-appwrapper"
@@ -123,11 +124,11 @@ def make_app(authorize: Authorizer, *, default_queue_name: str) -> web.Applicati
         else:
             if response.patch:
                 log.info(
-                    "mutate %s %s/%s: %d label(s) set",
+                    "mutate %s %s/%s by %s: labels patched",
                     review.operation,
                     review.namespace,
                     review.name or "(generated)",
-                    len(response.patch),
+                    review.user.username,
                 )
         return web.json_response(review_body(body, response))
 

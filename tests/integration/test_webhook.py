@@ -1,0 +1,524 @@
+"""The AppWrapper admission webhooks on a real API server.
+
+The webhook runs as its own process on 127.0.0.1 with a serving certificate made here, and is
+registered with ``clientConfig.url`` for the test's namespace only (a namespaceSelector), so
+other tests in the session never reach it. Requests are made with kubectl, as an admin and as
+a ServiceAccount user ``alice`` with a namespaced Role, so the API server's own admission chain
+(mutation, schema, validation) decides exactly as it would for a person.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import ipaddress
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from services.lifecycle.admission import sanitize_label
+from shared.appwrapper.constants import QUEUE_NAME_LABEL, USER_ID_LABEL, USER_LABEL
+from shared.testbed.cluster import kubectl, kubectl_binary
+from shared.testbed.modes import Endpoints
+from shared.testbed.ports import free_port
+from shared.testbed.process import Proc, start, stop_pid, wait_until
+
+pytestmark = pytest.mark.testbed
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_QUEUE = "default-queue"
+
+
+# ---------------------------------------------------------------------------------------------
+# The webhook process
+
+
+def _ip_serving_cert(directory: Path) -> tuple[Path, Path, bytes]:
+    """A CA and a serving certificate for the IP 127.0.0.1 (the API server checks IP SANs)."""
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "respawn-webhook-test-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    crt_path, key_path = directory / "tls.crt", directory / "tls.key"
+    crt_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return crt_path, key_path, ca.public_bytes(serialization.Encoding.PEM)
+
+
+@dataclass
+class Webhook:
+    proc: Proc
+    port: int
+    ca_pem: bytes
+
+    @property
+    def base_url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cadata=self.ca_pem.decode())
+
+    def post(self, path: str, body: bytes) -> dict[str, Any]:
+        req = urllib.request.Request(
+            self.base_url + path, data=body, headers={"Content-Type": "application/json"}, method="POST"
+        )
+        with urllib.request.urlopen(req, timeout=10, context=self.ssl_context()) as resp:
+            assert resp.status == 200
+            answer: dict[str, Any] = json.loads(resp.read())
+            return answer
+
+    def healthy(self) -> bool:
+        with urllib.request.urlopen(
+            self.base_url + "/healthz", timeout=2, context=self.ssl_context()
+        ) as resp:
+            return bool(resp.status == 200)
+
+
+@pytest.fixture(scope="module")
+def webhook(
+    testbed: Endpoints, appwrapper_crd: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Webhook]:
+    directory = tmp_path_factory.mktemp("webhook")
+    crt, key, ca_pem = _ip_serving_cert(directory)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "RESPAWN_CONFIG"}
+    env.update({"KUBECONFIG": str(testbed.kubeconfig), "RESPAWN_DEFAULT_QUEUE_NAME": DEFAULT_QUEUE})
+    argv = [sys.executable, "-m", "services.lifecycle.webhook", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--cert-file", str(crt), "--key-file", str(key)]
+    proc = start("webhook", argv, directory / "webhook.log", env=env)
+    hook = Webhook(proc, port, ca_pem)
+    try:
+        wait_until(proc, hook.healthy, timeout=30, what="serving /healthz")
+        yield hook
+    finally:
+        stop_pid(proc.pid)
+
+
+def _configurations(namespace: str, hook: Webhook) -> list[dict[str, Any]]:
+    common = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Fail",
+        "timeoutSeconds": 10,
+    }
+    ca_bundle = base64.b64encode(hook.ca_pem).decode()
+
+    def rule(*operations: str) -> dict[str, Any]:
+        return {
+            "apiGroups": ["workload.codeflare.dev"],
+            "apiVersions": ["v1beta2"],
+            "operations": list(operations),
+            "resources": ["appwrappers"],
+        }
+
+    name = f"respawn-test-{namespace}"
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [
+                {
+                    "name": "mappwrapper.respawn.dev",
+                    "clientConfig": {"url": f"{hook.base_url}/mutate-appwrapper", "caBundle": ca_bundle},
+                    "rules": [rule("CREATE")],
+                    "reinvocationPolicy": "Never",
+                    **common,
+                }
+            ],
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [
+                {
+                    "name": "vappwrapper.respawn.dev",
+                    "clientConfig": {"url": f"{hook.base_url}/validate-appwrapper", "caBundle": ca_bundle},
+                    "rules": [rule("CREATE", "UPDATE")],
+                    **common,
+                }
+            ],
+        },
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Objects
+
+
+def pod_template() -> dict[str, Any]:
+    return {"spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}}
+
+
+def deployment_aw(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name}
+    if labels:
+        metadata["labels"] = labels
+    template = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": f"{name}-web"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, **pod_template()},
+        },
+    }
+    template["spec"]["template"]["spec"]["restartPolicy"] = "Always"
+    return {
+        "apiVersion": "workload.codeflare.dev/v1beta2",
+        "kind": "AppWrapper",
+        "metadata": metadata,
+        "spec": {"suspend": True, "components": [{"template": template}]},
+    }
+
+
+def job_aw(name: str, pod_sets: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    component: dict[str, Any] = {
+        "template": {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": f"{name}-job"},
+            "spec": {"template": pod_template()},
+        }
+    }
+    if pod_sets is not None:
+        component["podSets"] = pod_sets
+    return {
+        "apiVersion": "workload.codeflare.dev/v1beta2",
+        "kind": "AppWrapper",
+        "metadata": {"name": name},
+        "spec": {"suspend": True, "components": [component]},
+    }
+
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def create(
+    run: Kubectl, namespace: str, body: dict[str, Any], *extra: str
+) -> subprocess.CompletedProcess[str]:
+    return run("create", "-n", namespace, *extra, "-f", "-", stdin=json.dumps(body))
+
+
+def get_aw(testbed: Endpoints, namespace: str, name: str) -> dict[str, Any]:
+    out = kubectl(testbed.kubeconfig, "get", "appwrapper", name, "-n", namespace, "-o", "json").stdout
+    found: dict[str, Any] = json.loads(out)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration and users
+
+
+@pytest.fixture
+def registered(testbed: Endpoints, namespace: str, webhook: Webhook) -> Iterator[None]:
+    """Both webhooks registered for ``namespace``, and in force, until the test ends."""
+    configurations = _configurations(namespace, webhook)
+    kubectl(
+        testbed.kubeconfig,
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": configurations}),
+    )
+    try:
+        _wait_in_force(testbed, namespace)
+        yield
+    finally:
+        for conf in configurations:
+            kubectl(
+                testbed.kubeconfig,
+                "delete",
+                conf["kind"],
+                conf["metadata"]["name"],
+                "--ignore-not-found",
+                check=False,
+            )
+
+
+def _wait_in_force(testbed: Endpoints, namespace: str) -> None:
+    # The API server picks up new webhook configurations asynchronously; server-side dry runs
+    # (allowed: both webhooks declare no side effects) show when both are consulted.
+    deadline = time.monotonic() + 30
+    while True:
+        mutated = create(
+            lambda *a, **k: kubectl(testbed.kubeconfig, *a, check=False, **k),
+            namespace,
+            job_aw("probe"),
+            "--dry-run=server",
+            "-o",
+            "json",
+        )
+        rejected = create(
+            lambda *a, **k: kubectl(testbed.kubeconfig, *a, check=False, **k),
+            namespace,
+            job_aw("probe", [{"path": "template.spec.nosuch"}]),
+            "--dry-run=server",
+        )
+        labels = json.loads(mutated.stdout)["metadata"].get("labels", {}) if mutated.returncode == 0 else {}
+        if USER_LABEL in labels and rejected.returncode != 0 and "denied the request" in rejected.stderr:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"webhooks not in force after 30s: mutated={mutated.stdout[:300]!r} "
+                f"{mutated.stderr[:300]!r}, "
+                f"rejected={rejected.returncode} {rejected.stderr[:300]!r}"
+            )
+        time.sleep(0.3)
+
+
+@dataclass
+class User:
+    username: str
+    uid: str
+    run: Kubectl
+
+
+def _grant(testbed: Endpoints, namespace: str, resources: dict[str, list[str]]) -> None:
+    rules = [
+        {"apiGroups": [group], "resources": names, "verbs": ["create", "get"]}
+        for group, names in resources.items()
+    ]
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "alice", "namespace": namespace},
+        "rules": rules,
+    }
+    kubectl(testbed.kubeconfig, "apply", "-f", "-", stdin=json.dumps(role))
+
+
+@pytest.fixture
+def alice(testbed: Endpoints, namespace: str, tmp_path: Path) -> User:
+    """ServiceAccount ``alice``, bound to Role ``alice`` (AppWrappers only until a test widens it)."""
+    kubectl(testbed.kubeconfig, "create", "serviceaccount", "alice", "-n", namespace)
+    _grant(testbed, namespace, {"workload.codeflare.dev": ["appwrappers"]})
+    kubectl(
+        testbed.kubeconfig,
+        "create",
+        "rolebinding",
+        "alice",
+        "-n",
+        namespace,
+        "--role=alice",
+        f"--serviceaccount={namespace}:alice",
+    )
+    token = kubectl(
+        testbed.kubeconfig, "create", "token", "alice", "-n", namespace, "--duration=1h"
+    ).stdout.strip()
+    uid = kubectl(
+        testbed.kubeconfig,
+        "get",
+        "serviceaccount",
+        "alice",
+        "-n",
+        namespace,
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ).stdout
+    # A kubeconfig with the cluster only, so nothing of the admin's identity can leak in.
+    admin = yaml.safe_load(testbed.kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    ca = (
+        cluster.get("certificate-authority-data")
+        or base64.b64encode(Path(cluster["certificate-authority"]).read_bytes()).decode()
+    )
+    config = tmp_path / "alice.kubeconfig"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "c", "cluster": {"server": cluster["server"], "certificate-authority-data": ca}}
+                ],
+                "users": [{"name": "alice", "user": {}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "alice"}}],
+                "current-context": "c",
+            }
+        )
+    )
+
+    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [kubectl_binary(), f"--kubeconfig={config}", f"--token={token}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    who = json.loads(run("auth", "whoami", "-o", "json").stdout)["status"]["userInfo"]["username"]
+    assert who == f"system:serviceaccount:{namespace}:alice"
+    return User(who, uid, run)
+
+
+def admin(testbed: Endpoints) -> Kubectl:
+    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return kubectl(testbed.kubeconfig, *args, stdin=stdin, check=False)
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests
+
+
+@pytest.mark.usefixtures("registered")
+def test_user_without_deployment_rights_cannot_wrap_a_deployment(
+    testbed: Endpoints, namespace: str, alice: User
+) -> None:
+    result = create(alice.run, namespace, deployment_aw("sneaky"))
+    assert result.returncode != 0
+    assert "denied the request" in result.stderr
+    assert (
+        f"spec.components[0].template: Forbidden: User {alice.username} is not authorized to create "
+        f"Deployment in {namespace}"
+    ) in result.stderr
+    listed = kubectl(testbed.kubeconfig, "get", "appwrappers,deployments", "-n", namespace, "-o", "name")
+    assert listed.stdout.strip() == ""
+
+
+@pytest.mark.usefixtures("registered")
+def test_user_with_deployment_rights_is_admitted_with_queue_and_user_labels(
+    testbed: Endpoints, namespace: str, alice: User
+) -> None:
+    # Still refused until the Role grants Deployments: the control for the change below.
+    assert create(alice.run, namespace, deployment_aw("web")).returncode != 0
+    _grant(testbed, namespace, {"workload.codeflare.dev": ["appwrappers"], "apps": ["deployments"]})
+    deadline = time.monotonic() + 15
+    while (result := create(alice.run, namespace, deployment_aw("web"))).returncode != 0:
+        # RBAC changes reach the authorizer through an informer: poll for it.
+        assert "not authorized to create Deployment" in result.stderr, result.stderr
+        assert time.monotonic() < deadline, result.stderr
+        time.sleep(0.3)
+    labels = get_aw(testbed, namespace, "web")["metadata"]["labels"]
+    assert labels == {
+        QUEUE_NAME_LABEL: DEFAULT_QUEUE,
+        USER_LABEL: sanitize_label(alice.username),
+        USER_ID_LABEL: alice.uid,
+    }
+    assert labels[USER_LABEL] == f"system_serviceaccount_{namespace}_alice"
+
+
+@pytest.mark.usefixtures("registered")
+def test_given_queue_is_kept_and_given_user_labels_are_replaced(
+    testbed: Endpoints, namespace: str, alice: User
+) -> None:
+    _grant(testbed, namespace, {"workload.codeflare.dev": ["appwrappers"], "batch": ["jobs"]})
+    body = job_aw("mine")
+    body["metadata"]["labels"] = {QUEUE_NAME_LABEL: "team-queue", USER_LABEL: "someone-else"}
+    deadline = time.monotonic() + 15
+    while (result := create(alice.run, namespace, body)).returncode != 0:
+        assert "not authorized to create Job" in result.stderr, result.stderr
+        assert time.monotonic() < deadline, result.stderr
+        time.sleep(0.3)
+    assert f"label {USER_LABEL} is set from the requesting user" in result.stderr  # kubectl's "Warning:"
+    labels = get_aw(testbed, namespace, "mine")["metadata"]["labels"]
+    assert labels[QUEUE_NAME_LABEL] == "team-queue"
+    assert labels[USER_LABEL] == sanitize_label(alice.username)
+    assert labels[USER_ID_LABEL] == alice.uid
+
+
+@pytest.mark.usefixtures("registered")
+def test_bad_pod_set_path_is_rejected_with_its_message(testbed: Endpoints, namespace: str) -> None:
+    result = create(admin(testbed), namespace, job_aw("badpath", [{"path": "template.spec.nosuch"}]))
+    assert result.returncode != 0
+    assert "denied the request" in result.stderr
+    assert (
+        "spec.components[0].podSets[0].path: Invalid: path does not refer to a v1.PodSpecTemplate: "
+        "at path position '2' missing field 'nosuch'"
+    ) in result.stderr
+    not_a_template = create(admin(testbed), namespace, job_aw("spec", [{"path": "template.spec"}]))
+    assert not_a_template.returncode != 0
+    assert "'template.spec' has no spec.containers" in not_a_template.stderr
+    # The same AppWrapper with the right path is admitted (so the path alone was the problem).
+    assert (
+        create(admin(testbed), namespace, job_aw("goodpath", [{"path": "template.spec.template"}])).returncode
+        == 0
+    )
+
+
+@pytest.mark.usefixtures("registered")
+def test_user_labels_cannot_change_but_other_labels_can(testbed: Endpoints, namespace: str) -> None:
+    run = admin(testbed)
+    assert create(run, namespace, job_aw("fixed")).returncode == 0
+    before = get_aw(testbed, namespace, "fixed")["metadata"]["labels"]
+    assert before[USER_LABEL]  # set from the admin's client certificate
+    changed = run("label", "appwrapper", "fixed", "-n", namespace, f"{USER_LABEL}=mallory", "--overwrite")
+    assert changed.returncode != 0
+    assert f"metadata.labels[{USER_LABEL}]: Forbidden: attempt to change immutable field" in changed.stderr
+    removed = run("label", "appwrapper", "fixed", "-n", namespace, f"{USER_ID_LABEL}-")
+    assert removed.returncode != 0
+    assert "attempt to change immutable field" in removed.stderr
+    assert run("label", "appwrapper", "fixed", "-n", namespace, "team=a").returncode == 0
+    after = get_aw(testbed, namespace, "fixed")["metadata"]["labels"]
+    assert after == {**before, "team": "a"}
+
+
+def test_webhooks_answer_malformed_reviews(webhook: Webhook) -> None:
+    refused = webhook.post("/validate-appwrapper", b"{not json")
+    assert refused["response"]["allowed"] is False
+    assert refused["response"]["status"]["message"].startswith(
+        "malformed admission review: the body is not JSON"
+    )
+    partial = json.dumps(
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u-1"}}
+    ).encode()
+    answer = webhook.post("/validate-appwrapper", partial)["response"]
+    assert answer["uid"] == "u-1"
+    assert answer["allowed"] is False
+    assert webhook.post("/mutate-appwrapper", b"[]")["response"] == {"uid": "", "allowed": True}
+    assert webhook.proc.alive()
