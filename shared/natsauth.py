@@ -7,12 +7,14 @@ user that can read the public streams (verdicts and lifecycle) through consumers
 and publish nothing else. The permissions are derived from what :mod:`shared.bus` and the
 services actually send; ``tests/integration/test_deploy.py`` proves them on a real server.
 
-This module is pure: it builds the server's ``accounts`` block (:func:`render_auth_config`) with
-passwords as ``$NATS_PASSWORD_<USER>`` references, which nats-server resolves from its own
-environment, so the generated file can be committed and reviewed while the passwords live only
-in a Kubernetes Secret (:func:`render_secret`). ``python -m shared.natsauth`` writes either.
+The rules and the rendering are pure functions. :func:`render_auth_config` builds the server's
+``accounts`` block with passwords as ``$NATS_PASSWORD_<USER>`` references, which nats-server
+resolves from its own environment, so the generated file can be committed and reviewed while
+the passwords live only in a Kubernetes Secret (:func:`render_secret`). Only
+:func:`generate_password` and :func:`main` (``python -m shared.natsauth config|secret|env``)
+touch randomness or output.
 
-Three things NATS permissions cannot express, and what stands in for them:
+Known limits, which NATS permissions cannot express more tightly:
 - consumer names are single tokens, so a service may manage any consumer on the streams it
   reads, not only its own;
 - every service creates and updates the streams at start (``Bus.ensure_streams``), so each may
