@@ -122,6 +122,10 @@ def staged_deletion(
                     now=now,
                 )
             continue
+        if seen.presence in (Presence.PRESENT, Presence.DELETING) and not seen.controlled_by_us:
+            # An object of that name owned by someone else (our create found it there): never
+            # ours to delete, and no reason to wait for it.
+            continue
         present = seen.presence in (Presence.PRESENT, Presence.DELETING) or recorded
         if not present or not name:
             # Never created, or created under a generated name we never learned: nothing to delete.

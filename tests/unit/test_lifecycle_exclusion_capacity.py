@@ -49,3 +49,32 @@ def test_malformed_input_never_raises() -> None:
     assert nodes_needed({"spec": {"components": [{"template": "nonsense"}]}}, [node(8)]) == 1
     assert nodes_needed(aw(2, "lots"), [node(8)]) == 1
     assert nodes_needed(aw(2, 8), []) == 1
+
+
+def test_staged_deletion_leaves_an_object_owned_by_someone_else_alone() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from services.lifecycle.actions import DeleteComponent, ForceDeleteComponent
+    from services.lifecycle.deletion import staged_deletion
+    from services.lifecycle.observed import Observed, ObservedComponent, Presence
+
+    status = {
+        "conditions": [],
+        "componentStatus": [
+            {
+                "name": "j",
+                "kind": "Job",
+                "apiVersion": "batch/v1",
+                "conditions": [{"type": "ResourcesDeployed", "status": "True", "reason": "Created"}],
+            }
+        ],
+    }
+    foreign = Observed(
+        components=(ObservedComponent(presence=Presence.PRESENT, controlled_by_us=False, name="j"),), pods=()
+    )
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    for when in (now, now + timedelta(hours=1)):  # before and after the forceful deadline
+        step = staged_deletion(
+            status, namespace="ns", observed=foreign, forceful_grace=timedelta(minutes=1), now=when
+        )
+        assert not [a for a in step.actions if isinstance(a, DeleteComponent | ForceDeleteComponent)]
