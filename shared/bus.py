@@ -731,6 +731,7 @@ class Bus:
         password: str | None = None,
         token: str | None = None,
         creds: str | Path | None = None,
+        inbox_prefix: str | None = None,
         replicas: int = 1,
         duplicate_window: float = 120.0,
         connect_deadline: float | None = 60.0,
@@ -769,6 +770,9 @@ class Bus:
             options["token"] = token
         if creds is not None:
             options["user_credentials"] = str(creds)
+        if inbox_prefix:
+            # Per-user inbox: with NATS subject permissions a user may be limited to its own replies.
+            options["inbox_prefix"] = inbox_prefix
         where = ", ".join(servers)
         try:
             async with asyncio.timeout(connect_deadline):

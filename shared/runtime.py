@@ -70,6 +70,7 @@ async def run(name: str, main: Main, *, needs_kube: bool = True) -> int:
             user=os.environ.get("NATS_USER") or None,
             password=os.environ.get("NATS_PASSWORD") or None,
             creds=os.environ.get("NATS_CREDS") or None,
+            inbox_prefix=os.environ.get("NATS_INBOX_PREFIX") or None,
             replicas=config.nats.stream_replicas,
             tracer_provider=telemetry.provider,
         )

@@ -241,6 +241,9 @@ async def connect_nats(url: str | None, *, deadline: float = CONNECT_DEADLINE) -
         options["password"] = os.environ.get("NATS_PASSWORD", "")
     if os.environ.get("NATS_CREDS"):
         options["user_credentials"] = os.environ["NATS_CREDS"]
+    if os.environ.get("NATS_INBOX_PREFIX"):
+        # A read-only subscriber user may only receive on its own inbox prefix (docs/deploy.md).
+        options["inbox_prefix"] = os.environ["NATS_INBOX_PREFIX"]
     try:
         async with asyncio.timeout(deadline):
             return await nats.connect(**options)
