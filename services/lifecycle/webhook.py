@@ -56,7 +56,7 @@ VALIDATE_PATH: Final = "/validate-appwrapper"
 HEALTH_PATH: Final = "/healthz"
 SAR_PATH: Final = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 DEFAULT_PORT: Final = 9443
-DEFAULT_CERT_DIR: Final = Path("/etc/respawn/webhook-certs")
+DEFAULT_CERT_DIR: Final = Path("/etc/respawn-webhook/certs")
 # An AppWrapper may be as large as etcd allows (about 1.5 MiB) and an UPDATE review carries
 # two copies of it.
 _MAX_REVIEW_BYTES: Final = 8 * 1024 * 1024
@@ -231,13 +231,18 @@ def parse_options(argv: Sequence[str] | None = None, env: dict[str, str] | None 
     parser = argparse.ArgumentParser(
         prog="respawn-webhook", description="AppWrapper admission webhooks (mutating and validating)."
     )
+    # Not RESPAWN_WEBHOOK_PORT: that is the service-link variable Kubernetes derives from a
+    # Service named respawn-webhook ("tcp://10.0.0.7:443").
     parser.add_argument(
-        "--host", default=environ.get("RESPAWN_WEBHOOK_HOST", "0.0.0.0"), help="address to listen on"
+        "--host",
+        default=environ.get("RESPAWN_WEBHOOK_LISTEN_ADDRESS", "0.0.0.0"),
+        help="address to listen on (default all)",
     )
     parser.add_argument(
         "--port",
         type=int,
-        default=int(environ.get("RESPAWN_WEBHOOK_PORT", DEFAULT_PORT)),
+        # A string default goes through `type`, so a bad variable is a usage error, not a trace.
+        default=environ.get("RESPAWN_WEBHOOK_LISTEN_PORT", str(DEFAULT_PORT)),
         help=f"HTTPS port (default {DEFAULT_PORT})",
     )
     parser.add_argument(

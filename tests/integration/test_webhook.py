@@ -41,6 +41,7 @@ from shared.testbed.process import Proc, start, stop_pid, wait_until
 pytestmark = pytest.mark.testbed
 
 REPO = Path(__file__).resolve().parents[2]
+WEBHOOK_DIR = REPO / "deploy" / "webhook"
 DEFAULT_QUEUE = "default-queue"
 
 
@@ -143,53 +144,23 @@ def webhook(
 
 
 def _configurations(namespace: str, hook: Webhook) -> list[dict[str, Any]]:
-    common = {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-        "admissionReviewVersions": ["v1"],
-        "sideEffects": "None",
-        "failurePolicy": "Fail",
-        "timeoutSeconds": 10,
-    }
+    """deploy/webhook's configurations, pointed at the test process and limited to ``namespace``.
+
+    Everything else (rules, match conditions, failure policy) is exactly as deployed.
+    """
+    documents = list(yaml.safe_load_all((WEBHOOK_DIR / "configurations.yaml").read_text()))
     ca_bundle = base64.b64encode(hook.ca_pem).decode()
-
-    def rule(*operations: str) -> dict[str, Any]:
-        return {
-            "apiGroups": ["workload.codeflare.dev"],
-            "apiVersions": ["v1beta2"],
-            "operations": list(operations),
-            "resources": ["appwrappers"],
-        }
-
-    name = f"respawn-test-{namespace}"
-    return [
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": name},
-            "webhooks": [
-                {
-                    "name": "mappwrapper.respawn.dev",
-                    "clientConfig": {"url": f"{hook.base_url}/mutate-appwrapper", "caBundle": ca_bundle},
-                    "rules": [rule("CREATE")],
-                    "reinvocationPolicy": "Never",
-                    **common,
-                }
-            ],
-        },
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": name},
-            "webhooks": [
-                {
-                    "name": "vappwrapper.respawn.dev",
-                    "clientConfig": {"url": f"{hook.base_url}/validate-appwrapper", "caBundle": ca_bundle},
-                    "rules": [rule("CREATE", "UPDATE")],
-                    **common,
-                }
-            ],
-        },
-    ]
+    for conf in documents:
+        conf["metadata"]["name"] = f"respawn-test-{namespace}"
+        for hook_spec in conf["webhooks"]:
+            path = hook_spec["clientConfig"]["service"]["path"]
+            hook_spec["clientConfig"] = {"url": f"{hook.base_url}{path}", "caBundle": ca_bundle}
+            hook_spec["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    assert {conf["kind"] for conf in documents} == {
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    }
+    return documents
 
 
 # ---------------------------------------------------------------------------------------------
@@ -492,7 +463,9 @@ def test_bad_pod_set_path_is_rejected_with_its_message(testbed: Endpoints, names
 
 
 @pytest.mark.usefixtures("registered")
-def test_user_labels_cannot_change_but_other_labels_can(testbed: Endpoints, namespace: str) -> None:
+def test_user_labels_cannot_change_but_other_labels_can(
+    testbed: Endpoints, namespace: str, webhook: Webhook
+) -> None:
     run = admin(testbed)
     assert create(run, namespace, job_aw("fixed")).returncode == 0
     before = get_aw(testbed, namespace, "fixed")["metadata"]["labels"]
@@ -503,7 +476,17 @@ def test_user_labels_cannot_change_but_other_labels_can(testbed: Endpoints, name
     removed = run("label", "appwrapper", "fixed", "-n", namespace, f"{USER_ID_LABEL}-")
     assert removed.returncode != 0
     assert "attempt to change immutable field" in removed.stderr
+
+    # Updates that leave the labels alone never reach the webhook (the configuration's match
+    # condition), so controllers' writes do not depend on it being up; label changes do.
+    def updates_seen() -> int:
+        return webhook.proc.log.read_text().count(f"validate UPDATE {namespace}/fixed ")
+
+    seen = updates_seen()
+    assert run("annotate", "appwrapper", "fixed", "-n", namespace, "note=x").returncode == 0
+    assert updates_seen() == seen
     assert run("label", "appwrapper", "fixed", "-n", namespace, "team=a").returncode == 0
+    assert updates_seen() == seen + 1
     after = get_aw(testbed, namespace, "fixed")["metadata"]["labels"]
     assert after == {**before, "team": "a"}
 
@@ -522,3 +505,65 @@ def test_webhooks_answer_malformed_reviews(webhook: Webhook) -> None:
     assert answer["allowed"] is False
     assert webhook.post("/mutate-appwrapper", b"[]")["response"] == {"uid": "", "allowed": True}
     assert webhook.proc.alive()
+
+
+def _render(tmp_path: Path, *components: Path) -> list[dict[str, Any]]:
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    relative = [os.path.relpath(c, overlay) for c in components]
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({"components": relative}))
+    out = subprocess.run(
+        [kubectl_binary(), "kustomize", str(overlay)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def test_deployed_manifests_are_accepted_and_meet_restricted_pod_security(
+    testbed: Endpoints, namespace: str, tmp_path: Path
+) -> None:
+    documents = _render(tmp_path, WEBHOOK_DIR)
+    kinds = sorted(doc["kind"] for doc in documents)
+    assert kinds == sorted(
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Service",
+            "Deployment",
+            "PodDisruptionBudget",
+            "MutatingWebhookConfiguration",
+            "ValidatingWebhookConfiguration",
+        ]
+    )
+    # respawn-system runs at the restricted PodSecurity level; the test namespace warns at it.
+    kubectl(testbed.kubeconfig, "label", "namespace", namespace, "pod-security.kubernetes.io/warn=restricted")
+    for doc in documents:
+        if doc["metadata"].get("namespace"):
+            doc["metadata"]["namespace"] = namespace
+    result = kubectl(
+        testbed.kubeconfig,
+        "apply",
+        "--dry-run=server",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}),
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Warning" not in result.stderr, result.stderr
+    (binding,) = [doc for doc in documents if doc["kind"] == "ClusterRoleBinding"]
+    assert binding["subjects"][0]["name"] == "respawn-webhook"
+
+
+def test_cert_manager_component_injects_the_ca_into_both_configurations(tmp_path: Path) -> None:
+    documents = _render(tmp_path, WEBHOOK_DIR, WEBHOOK_DIR / "cert-manager")
+    by_kind = {doc["kind"]: doc for doc in documents}
+    certificate = by_kind["Certificate"]
+    assert certificate["spec"]["secretName"] == "respawn-webhook-cert"
+    assert "respawn-webhook.respawn-system.svc" in certificate["spec"]["dnsNames"]
+    expected = f"{certificate['metadata']['namespace']}/{certificate['metadata']['name']}"
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        assert by_kind[kind]["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == expected
+    deployment = by_kind["Deployment"]["spec"]["template"]["spec"]
+    (certs,) = [v for v in deployment["volumes"] if v["name"] == "certs"]
+    assert certs["secret"]["secretName"] == certificate["spec"]["secretName"]

@@ -667,13 +667,15 @@ async def test_kube_authorizer_reports_api_failures_as_errors() -> None:
 
 
 def test_options_from_flags_and_environment() -> None:
-    env = {"RESPAWN_WEBHOOK_PORT": "8443", "RESPAWN_WEBHOOK_CERT_FILE": "/c/tls.crt"}
+    env = {"RESPAWN_WEBHOOK_LISTEN_PORT": "8443", "RESPAWN_WEBHOOK_CERT_FILE": "/c/tls.crt"}
     options = parse_options(["--key-file", "/k/tls.key"], env)
     assert options.port == 8443
     assert str(options.cert_file) == "/c/tls.crt"
     assert str(options.key_file) == "/k/tls.key"
     assert parse_options(["--port", "1"], env).port == 1
     assert parse_options([], {}).port == 9443
+    with pytest.raises(SystemExit):
+        parse_options([], {"RESPAWN_WEBHOOK_LISTEN_PORT": "tcp://10.0.0.7:443"})
 
 
 @pytest.fixture
