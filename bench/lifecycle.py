@@ -28,37 +28,12 @@ from shared import subjects
 from shared.kube import Kube, ResourceRef
 from shared.kube.watch import list_then_watch
 from shared.messages import ObjectRef, Verdict
+from shared.testbed import manifests
 from shared.testbed.cluster import State
 
 
 def appwrapper(name: str, pods: int, annotations: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {
-            "components": [
-                {
-                    "template": {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "metadata": {"name": name},
-                        "spec": {
-                            "parallelism": pods,
-                            "completions": pods,
-                            "backoffLimit": 0,
-                            "template": {
-                                "spec": {
-                                    "restartPolicy": "Never",
-                                    "containers": [{"name": "c", "image": "x"}],
-                                }
-                            },
-                        },
-                    }
-                }
-            ]
-        },
-    }
+    return manifests.job_appwrapper(name, pods=pods, annotations=annotations, job_name=name)
 
 
 def parse_time(value: str) -> datetime:

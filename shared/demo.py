@@ -30,7 +30,7 @@ from rich.table import Table
 
 from shared import subjects
 from shared.messages import LifecycleEvent, Verdict, decode
-from shared.testbed import cluster, services, sim
+from shared.testbed import cluster, manifests, services, sim
 from shared.testbed.cluster import Log, State, kubectl
 
 NS = "demo"
@@ -48,48 +48,22 @@ def job_appwrapper(
     pod_annotations: dict[str, str] | None = None,
     params: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    resources = {"limits": {GPU: str(gpus)}} if gpus else {}
     defaults = {
         "failureGracePeriodDuration": "0s",
         "retryPausePeriodDuration": "2s",
         "warmupGracePeriodDuration": "10s",
         "forcefulDeletionGracePeriodDuration": "5s",
     }
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": {
-            "name": name,
-            "namespace": NS,
-            "annotations": {ANNOTATION + k: v for k, v in {**defaults, **(params or {})}.items()},
-        },
-        "spec": {
-            "components": [
-                {
-                    "template": {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "metadata": {"name": name},
-                        "spec": {
-                            "parallelism": pods,
-                            "completions": pods,
-                            "backoffLimit": 0,
-                            "template": {
-                                "metadata": {"annotations": pod_annotations or {}},
-                                "spec": {
-                                    "restartPolicy": "Never",
-                                    "initContainers": [{"name": "setup", "image": "busybox"}],
-                                    "containers": [
-                                        {"name": "train", "image": "pytorch", "resources": resources}
-                                    ],
-                                },
-                            },
-                        },
-                    }
-                }
-            ]
-        },
-    }
+    return manifests.job_appwrapper(
+        name,
+        pods=pods,
+        gpus=gpus,
+        pod_annotations=pod_annotations,
+        annotations={ANNOTATION + k: v for k, v in {**defaults, **(params or {})}.items()},
+        namespace=NS,
+        job_name=name,
+        init_container=True,
+    )
 
 
 def pytorchjob_appwrapper(name: str) -> dict[str, Any]:

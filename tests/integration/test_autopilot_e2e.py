@@ -7,9 +7,7 @@ cleared node verdict, so no later test inherits an unhealthy node.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,11 +16,12 @@ import pytest
 
 from shared import subjects
 from shared.messages import LifecycleEvent, NodeVerdict
-from shared.testbed import sim
+from shared.testbed import manifests, sim
 from shared.testbed.cluster import kubectl
 from shared.testbed.modes import Endpoints
 from tests.integration.conftest import ServiceFactory
 from tests.integration.observe import Observer
+from tests.waiting import until
 
 pytestmark = pytest.mark.testbed
 
@@ -32,39 +31,11 @@ EXCLUDED = "respawn.dev/excluded-nodes"
 
 
 def appwrapper(name: str, *, gpus: int, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    resources = {"limits": {GPU: gpus}} if gpus else {}
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": {
-            "name": name,
-            "annotations": {
-                "workload.codeflare.dev.appwrapper/failureGracePeriodDuration": "0s",
-                "workload.codeflare.dev.appwrapper/retryPausePeriodDuration": "1s",
-                **(annotations or {}),
-            },
-        },
-        "spec": {
-            "components": [
-                {
-                    "template": {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "metadata": {"name": f"{name}-job"},
-                        "spec": {
-                            "backoffLimit": 0,
-                            "template": {
-                                "spec": {
-                                    "restartPolicy": "Never",
-                                    "containers": [{"name": "c", "image": "busybox", "resources": resources}],
-                                }
-                            },
-                        },
-                    }
-                }
-            ]
-        },
+    fast = {
+        "workload.codeflare.dev.appwrapper/failureGracePeriodDuration": "0s",
+        "workload.codeflare.dev.appwrapper/retryPausePeriodDuration": "1s",
     }
+    return manifests.job_appwrapper(name, gpus=gpus, annotations={**fast, **(annotations or {})})
 
 
 def get(kc: Path, *args: str) -> Any:
@@ -72,14 +43,7 @@ def get(kc: Path, *args: str) -> Any:
 
 
 async def poll(check: Callable[[], Any], *, within: float = 60, what: str) -> Any:
-    deadline = time.monotonic() + within
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out after {within}s waiting for {what} (last: {last!r})")
+    return await until(what, check, within=within)
 
 
 def running_pods(kc: Path, namespace: str, aw: str) -> list[dict[str, Any]]:

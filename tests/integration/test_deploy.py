@@ -19,7 +19,7 @@ import json
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -55,11 +55,12 @@ from shared.messages import (
     Verdict,
     decode,
 )
-from shared.testbed import sim
+from shared.testbed import manifests, sim
 from shared.testbed.cluster import kubectl, kubectl_binary
 from shared.testbed.modes import Endpoints
 from shared.testbed.nats import NatsServer, find_nats_server, start_nats
 from shared.testbed.services import ServiceProcess, spawn_service
+from tests.waiting import until, until_async
 
 pytestmark = pytest.mark.testbed
 
@@ -110,29 +111,6 @@ def configmap(docs: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
     found = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith(prefix + "-")]
     assert len(found) == 1, f"expected one ConfigMap {prefix}-<hash>, found {len(found)}"
     return found[0]
-
-
-async def until(what: str, check: Callable[[], T], *, within: float = 30, every: float = 0.2) -> T:
-    """Poll ``check`` until it returns something truthy; fail after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}; last seen: {value!r}")
-        await asyncio.sleep(every)
-
-
-async def until_async(what: str, check: Callable[[], Awaitable[T]], *, within: float = 30) -> T:
-    deadline = time.monotonic() + within
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}; last seen: {value!r}")
-        await asyncio.sleep(0.1)
 
 
 def now() -> datetime:
@@ -1076,32 +1054,9 @@ FAST = {
 def job_appwrapper(
     name: str, *, pod_annotations: dict[str, str], annotations: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": {"name": name, "annotations": {**FAST, **(annotations or {})}},
-        "spec": {
-            "components": [
-                {
-                    "template": {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "metadata": {"name": f"{name}-job"},
-                        "spec": {
-                            "backoffLimit": 0,
-                            "template": {
-                                "metadata": {"annotations": pod_annotations},
-                                "spec": {
-                                    "restartPolicy": "Never",
-                                    "containers": [{"name": "main", "image": "busybox"}],
-                                },
-                            },
-                        },
-                    }
-                }
-            ]
-        },
-    }
+    return manifests.job_appwrapper(
+        name, pod_annotations=pod_annotations, annotations={**FAST, **(annotations or {})}
+    )
 
 
 def appwrapper_status(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from shared.testbed.modes import Endpoints
 from shared.testbed.services import ServiceProcess
 from tests.integration.conftest import ServiceFactory
 from tests.integration.observe import Observer
+from tests.waiting import until
 
 pytestmark = pytest.mark.testbed
 
@@ -109,16 +110,7 @@ def get(kubeconfig: Path, namespace: str, *what: str) -> Any:
     return sim.get_json(kubeconfig, *what, "-n", namespace)
 
 
-async def eventually(what: str, probe: Callable[[], Any], *, within: float = 30) -> Any:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + within
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.2)
+eventually = until
 
 
 async def pod_names(kubeconfig: Path, namespace: str, *, count: int = 1) -> list[str]:

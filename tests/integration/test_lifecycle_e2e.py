@@ -11,7 +11,7 @@ import asyncio
 import json
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,13 +28,14 @@ from shared.appwrapper.params import (
 )
 from shared.appwrapper.podsets import component_pod_sets, get_at_path
 from shared.messages import LifecycleEvent
-from shared.testbed import sim
+from shared.testbed import manifests, sim
 from shared.testbed.cluster import kubectl, kubectl_binary
 from shared.testbed.modes import Endpoints
 from shared.testbed.services import ServiceProcess, spawn_service
 from tests.integration.conftest import ServiceFactory
 from tests.integration.observe import Observer
 from tests.integration.test_crd import MLBATCH_USAGE, mlbatch_appwrapper_samples
+from tests.waiting import until
 
 pytestmark = pytest.mark.testbed
 
@@ -101,18 +102,6 @@ def exactly_running(kubeconfig: Path, namespace: str, appwrapper: str, count: in
     return pods if len(pods) == count else []
 
 
-async def until(what: str, check: Callable[[], T], *, within: float = 30, every: float = 0.2) -> T:
-    """Poll ``check`` until it returns something truthy; fail after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}; last seen: {value!r}")
-        await asyncio.sleep(every)
-
-
 async def wait_phase(
     kubeconfig: Path, namespace: str, name: str, phase: str, *, within: float = 30
 ) -> dict[str, Any]:
@@ -143,35 +132,13 @@ def job_appwrapper(
     suspend: bool = False,
 ) -> dict[str, Any]:
     """An AppWrapper around one batch/v1 Job whose failed pods are not replaced by the Job."""
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": {"name": name, "annotations": {**FAST, **(annotations or {})}},
-        "spec": {
-            "suspend": suspend,
-            "components": [
-                {
-                    "template": {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "metadata": {"name": f"{name}-job"},
-                        "spec": {
-                            "parallelism": parallelism,
-                            "completions": parallelism,
-                            "backoffLimit": 0,
-                            "template": {
-                                "metadata": {"annotations": pod_annotations or {}},
-                                "spec": {
-                                    "restartPolicy": "Never",
-                                    "containers": [{"name": "main", "image": "busybox"}],
-                                },
-                            },
-                        },
-                    }
-                }
-            ],
-        },
-    }
+    return manifests.job_appwrapper(
+        name,
+        pods=parallelism,
+        pod_annotations=pod_annotations,
+        annotations={**FAST, **(annotations or {})},
+        suspend=suspend,
+    )
 
 
 def get_component(kubeconfig: Path, namespace: str, template: dict[str, Any], name: str) -> dict[str, Any]:

@@ -13,19 +13,13 @@ import pytest
 from shared.testbed import sim
 from shared.testbed.cluster import kubectl
 from shared.testbed.modes import Endpoints
+from tests.waiting import until_sync
 
 pytestmark = pytest.mark.testbed
 
 
 def poll(check: Callable[[], Any], *, timeout: float = 60, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+    return until_sync(what, check, within=timeout)
 
 
 def apply(kubeconfig: Path, namespace: str, manifest: dict[str, Any]) -> None:
