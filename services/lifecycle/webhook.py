@@ -95,7 +95,8 @@ class KubeAuthorizer:
             return AccessResult(False, error=str(exc))
         status = answer.get("status") or {}
         if status.get("evaluationError"):
-            # An authorizer that errored may still have answered; RBAC's answer stands either way.
+            # Some authorizer in the chain failed, but the chain still answered; that answer
+            # stands (a failure never grants anything) and the error is left for operators.
             log.warning("access check for %s: %s", check.kind, status["evaluationError"])
         return AccessResult(status.get("allowed") is True)
 
