@@ -288,6 +288,18 @@ class Lifecycle:
             observed = await self.observe(aw, created)
             now = utcnow()
             plan = reconcile(aw, observed, verdict, params, now, hooks=self.hooks)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "%s/%s pass: phase %s -> %s, %d pods observed, %d actions, status %s, requeue %s",
+                    key[0],
+                    key[1],
+                    (aw.get("status") or {}).get("phase", ""),
+                    plan.phase,
+                    len(observed.pods or ()),
+                    len(plan.actions),
+                    "written" if plan.status is not None else "unchanged",
+                    plan.requeue_at.isoformat() if plan.requeue_at else "-",
+                )
             if verdict is not None and plan.verdict_use is not VerdictUse.NONE:
                 use = plan.verdict_use
             if plan.empty:
