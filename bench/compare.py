@@ -1,0 +1,161 @@
+"""Respawn and the upstream AppWrapper controller back to back, with the same seed.
+
+Each controller gets a fresh testbed of the same size (unless --state-dir names one to reuse,
+which must then run no Respawn services), the same AppWrappers and the same fault plan. Prints
+one table with both and the ratio, and writes the JSON (and, with matplotlib installed --
+``pip install -e '.[bench]'`` --, a PNG of the latency distributions) into --out.
+
+.venv/bin/python -m bench.compare --appwrappers 100 --pods-per-aw 8 --fault-rate 0.2 --duration 120
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench import run, upstream
+from shared.testbed.errors import TestbedError
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CONTROLLERS = ("respawn", "upstream")
+MEASURES = ("detection", "reaction", "recovery")
+
+
+def compare_rows(results: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, str, str]]:
+    """(figure, Respawn, upstream, upstream ÷ Respawn) for every figure either run has."""
+    by_controller = {
+        c: {n: (v, u) for n, v, u in run.figures(r)} for c, r in results.items() if "error" not in r
+    }
+    names: list[str] = []
+    for c in CONTROLLERS:
+        for name in by_controller.get(c, {}):
+            if name not in names:
+                names.append(name)
+    rows = []
+    for name in names:
+        cells = []
+        values: list[float | None] = []
+        for c in CONTROLLERS:
+            value, unit = by_controller.get(c, {}).get(name, (None, ""))
+            values.append(value)
+            cells.append(run.format_value(value, unit) if c in by_controller else "n/a")
+        unit = next(
+            (u for c in CONTROLLERS for n, (_, u) in by_controller.get(c, {}).items() if n == name), ""
+        )
+        ours, theirs = values
+        ratio = "—"
+        if unit != "count" and ours is not None and theirs is not None and ours > 0:
+            ratio = f"{theirs / ours:,.1f}x"
+        rows.append((name, cells[0], cells[1], ratio))
+    return rows
+
+
+def render(results: Mapping[str, Mapping[str, Any]]) -> str:
+    first = next(iter(results.values()))
+    cfg = first.get("config", {})
+    lines = [
+        f"## {cfg.get('appwrappers')} AppWrappers x {cfg.get('pods_per_aw')} pods, "
+        f"{cfg.get('fault_rate')} faults/s for {cfg.get('duration')}s, seed {cfg.get('seed')}",
+        "",
+        "| figure | Respawn | upstream | upstream ÷ Respawn |",
+        "|---|---|---|---|",
+    ]
+    for name, ours, theirs, ratio in compare_rows(results):
+        if name.endswith(" n") and ours in ("0", "—", "n/a") and theirs in ("0", "—", "n/a"):
+            continue
+        lines.append(f"| {name} | {ours} | {theirs} | {ratio} |")
+    for c in CONTROLLERS:
+        r = results.get(c, {})
+        if "error" in r:
+            lines.append(f"\n{c}: not run: {r['error']}")
+            continue
+        correctness = r.get("correctness", {})
+        verdict = "OK" if correctness.get("ok") else "VIOLATIONS"
+        lines.append(f"\n{c} correctness: {verdict}")
+        for key in run.VIOLATIONS:
+            for item in correctness.get(key, [])[:10]:
+                lines.append(f"  {key}: {item}")
+        api = r.get("cost", {}).get("api_requests_per_min_idle")
+        if api:
+            lines.append(f"  idle API requests/min by request: {api['controller_by_request']}")
+    return "\n".join(lines)
+
+
+def plot(results: Mapping[str, Mapping[str, Any]], path: Path) -> bool:
+    """Empirical CDFs of each latency, both controllers on one log-scale axis. False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, len(MEASURES), figsize=(5 * len(MEASURES), 4), constrained_layout=True)
+    styles = {"respawn": "tab:blue", "upstream": "tab:orange"}
+    for ax, measure in zip(axes, MEASURES, strict=True):
+        series: list[tuple[str, list[float], str, str]] = []
+        for c in CONTROLLERS:
+            lat = results.get(c, {}).get("latency", {})
+            series.append((c, lat.get(measure, {}).get("all", []), styles[c], "-"))
+            if measure == "detection" and lat.get("verdict", {}).get("all"):
+                series.append((f"{c}: verdict on the stream", lat["verdict"]["all"], styles[c], ":"))
+        for label, samples, color, line in series:
+            if not samples:
+                continue
+            ms = sorted(max(s, 1e-4) * 1000 for s in samples)
+            ys = [(i + 1) / len(ms) for i in range(len(ms))]
+            ax.step(ms, ys, where="post", color=color, linestyle=line, label=f"{label} (n={len(ms)})")
+        ax.set_xscale("log")
+        ax.set_xlabel("milliseconds (log scale)")
+        ax.set_ylabel("fraction of faults")
+        ax.set_title(measure)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    first = next(iter(results.values())).get("config", {})
+    fig.suptitle(
+        f"{first.get('appwrappers')} AppWrappers x {first.get('pods_per_aw')} pods, "
+        f"{first.get('fault_rate')} faults/s, seed {first.get('seed')}"
+    )
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    run.add_arguments(parser)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON and PNG go")
+    parser.add_argument("--json", action="store_true", help="print the JSON instead of the table")
+    args = parser.parse_args(argv)
+    results: dict[str, dict[str, Any]] = {}
+    for controller in CONTROLLERS:
+        try:
+            results[controller] = run.run(run.config_from(args, controller), args.state_dir)
+        except upstream.UpstreamUnavailable as exc:
+            print(f"upstream controller not run: {exc}", file=sys.stderr)
+            results[controller] = {"controller": controller, "error": str(exc)}
+        except (run.BenchError, TestbedError) as exc:
+            print(f"error: {controller}: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+    stem = f"compare-n{args.appwrappers}x{args.pods_per_aw}-seed{args.seed}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    document = {"results": results, "table": compare_rows(results)}
+    (args.out / f"{stem}.json").write_text(json.dumps(document, indent=1, default=str))
+    png = args.out / f"{stem}.png"
+    plotted = plot(results, png)
+    print(json.dumps(document, indent=1, default=str) if args.json else render(results))
+    print(
+        f"wrote {args.out / (stem + '.json')}"
+        + (f" and {png}" if plotted else " (no PNG: matplotlib missing)"),
+        file=sys.stderr,
+    )
+
+
+if __name__ == "__main__":
+    main()
