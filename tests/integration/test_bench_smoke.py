@@ -1,0 +1,93 @@
+"""The benchmark harness at small scale, against Respawn's services on the session testbed.
+
+Asserts correctness only (exactly one reset per fault, resettingCount equal to the counted
+faults, nothing left behind), never speed: the figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.run import BenchConfig, PlannedFault, run_bench
+from shared.testbed.modes import Endpoints
+from shared.testbed.services import SERVICES
+from tests.integration.conftest import ServiceFactory
+
+pytestmark = pytest.mark.testbed
+
+# One fault of each kind, and a second pod failure while the first may still be in flight.
+PLAN = (
+    PlannedFault(0.0, "pod-failure"),
+    PlannedFault(0.5, "evict"),
+    PlannedFault(1.0, "stuck-init"),
+    PlannedFault(1.5, "pod-failure"),
+)
+
+
+async def test_every_fault_is_reset_exactly_once_and_nothing_is_left_behind(
+    testbed: Endpoints, appwrapper_crd: Path, service: ServiceFactory, namespace: str
+) -> None:
+    processes = {name: service(name).pid for name in SERVICES}
+    cfg = BenchConfig(
+        controller="respawn",
+        appwrappers=20,
+        pods_per_aw=2,
+        seed=7,
+        gpu_fraction=0.25,
+        warmup_grace="3s",
+        idle_seconds=0,
+        quiesce_seconds=1,
+        setup_timeout=60,
+        settle_timeout=45,
+        cleanup_timeout=30,
+        fault_plan=PLAN,
+    )
+
+    result = await run_bench(
+        cfg,
+        kubeconfig=testbed.kubeconfig,
+        nats_url=testbed.nats_url,
+        processes=processes,
+        namespace=namespace,
+    )
+
+    faults = result["faults"]
+    assert faults["settled"], result["correctness"]
+    assert not faults["skipped"] and not faults["fell_back_to_pod_failure"], faults
+    injected = faults["injected"]
+    assert injected.get("pod-failure") == 2 and injected.get("stuck-init") == 1, injected
+    assert injected.get("evict", 0) >= 1, injected  # one fault per AppWrapper on the labelled node
+    assert faults["evictions"] == 1
+
+    correctness = result["correctness"]
+    for violation in (
+        "lost",
+        "duplicated",
+        "unexpected",
+        "count_mismatches",
+        "wrong_phase",
+        "orphans",
+        "unrecovered",
+        "orphans_after_delete",
+    ):
+        assert correctness[violation] == [], (violation, correctness[violation])
+    assert correctness["ok"]
+
+    # Exactly one reset per fault on every faulted AppWrapper; Autopilot resets are not counted.
+    per_aw = correctness["per_appwrapper"]
+    assert sum(aw["faults"] for aw in per_aw.values()) == len(result["records"])
+    for name, aw in per_aw.items():
+        assert aw["resets"] == aw["faults"], (name, aw)
+        assert aw["resettingCount"] == aw["counted_faults"], (name, aw)
+    stuck = [aw for name, aw in per_aw.items() if name.startswith("init-")]
+    assert stuck == [{"faults": 1, "counted_faults": 1, "resets": 1, "resettingCount": 1, "phase": "Failed"}]
+
+    # Every fault was detected and acted on, and each recoverable one ran again.
+    for record in result["records"]:
+        assert record["unhealthy_after_s"] is not None, record
+        assert record["delete_after_s"] is not None, record
+        if record["kind"] != "stuck-init":
+            assert record["recovered_after_s"] is not None, record
+        assert record["verdict_after_s"] is not None, record
