@@ -302,6 +302,10 @@ class AwRec:
     pods: set[str] = field(default_factory=set)
     components: set[str] = field(default_factory=set)  # live (not being deleted)
     faults: list[Fault] = field(default_factory=list)
+    # (time, phase, resettingCount, Unhealthy reason) at each change, and the verdicts received:
+    # the evidence printed for an AppWrapper whose resets do not add up.
+    history: list[tuple[float, str, int, str]] = field(default_factory=list)
+    verdicts: list[tuple[float, str, str, int]] = field(default_factory=list)
 
     def active(self) -> list[Fault]:
         return [f for f in self.faults if f.t_done is None]
@@ -403,6 +407,9 @@ class Tracker:
                 if f.kind == "stuck-init" and f.deadline is None:
                     f.deadline = _wall(rec.deployed_at) + self.warmup_seconds
         rec.resetting_count = int(status.get("resettingCount") or 0)
+        entry = (now, phase, rec.resetting_count, str(unhealthy_cond.get("reason", "")) if unhealthy else "")
+        if not rec.history or rec.history[-1][1:] != entry[1:]:
+            rec.history.append(entry)
         self._check(rec, now)
 
     def on_pod(self, etype: str, obj: Mapping[str, Any], now: float) -> None:
@@ -478,7 +485,10 @@ class Tracker:
 
     def on_verdict(self, verdict: Verdict, now: float) -> None:
         rec = self.aws.get(verdict.ref.name)
-        if rec is None or verdict.state != "Unhealthy":
+        if rec is None:
+            return
+        rec.verdicts.append((now, verdict.state, verdict.reason, verdict.resetting_count))
+        if verdict.state != "Unhealthy":
             return
         for f in rec.active():
             if f.t_verdict is None and now >= f.t0:
@@ -640,6 +650,7 @@ class Bench:
         self.fell_back: Counter[str] = Counter()
         self.stuck_count = 0
         self.refs: dict[str, ResourceRef] = {}
+        self.t_start = time.time()
 
     async def resolve(self) -> None:
         for key, (api_version, kind) in {
@@ -890,6 +901,14 @@ class Bench:
                         f"{name}: {len(mine)} pods ({len(live)} live) for {rec.spec.pods}, "
                         f"{len(components)} components"
                     )
+        suspects = {
+            item.split(":", 1)[0] for item in lost + duplicated + unexpected + mismatched + wrong_phase
+        }
+        timelines = {
+            name: self.timeline(self.tracker.aws[name])
+            for name in sorted(suspects)
+            if name in self.tracker.aws
+        }
         for owner, items in sorted({**pods, **comps}.items()):
             if owner not in self.tracker.aws:
                 orphans.append(f"{len(items)} objects labelled for unknown AppWrapper {owner!r}")
@@ -900,6 +919,7 @@ class Bench:
             "count_mismatches": mismatched,
             "wrong_phase": wrong_phase,
             "orphans": orphans,
+            "timelines": timelines,
             "per_appwrapper": {
                 name: {
                     "faults": len(rec.faults),
@@ -914,6 +934,18 @@ class Bench:
                 if rec.faults or rec.resets
             },
         }
+
+    def timeline(self, rec: AwRec) -> list[str]:
+        """What happened to one AppWrapper, seconds from the start of the run."""
+        events = [
+            (t, f"phase={p} resettingCount={c}" + (f" Unhealthy={r}" if r else ""))
+            for t, p, c, r in rec.history
+        ]
+        events += [
+            (t, f"verdict {state} {reason} (count {count})") for t, state, reason, count in rec.verdicts
+        ]
+        events += [(f.t0, f"FAULT {f.id} {f.kind} {f.pod or f.node}") for f in rec.faults]
+        return [f"{t - self.t_start:8.3f}s {what}" for t, what in sorted(events)]
 
     async def delete_all(self, limit: float) -> tuple[float, list[str]]:
         """Delete every AppWrapper; wait for them, their pods and components to be gone."""
@@ -1272,6 +1304,11 @@ def render(result: Mapping[str, Any]) -> str:
     for key in VIOLATIONS:
         for item in c.get(key, [])[:10]:
             lines.append(f"  {key}: {item}")
+    for name, events in c.get("timelines", {}).items():
+        lines.append(f"  timeline of {name}:")
+        lines.extend(f"    {event}" for event in events)
+    if result.get("logs"):
+        lines.append(f"  the testbed's logs are kept in {result['logs']}")
     api = result.get("cost", {}).get("api_requests_per_min_idle")
     if api:
         lines.append(
@@ -1339,6 +1376,7 @@ def run(cfg: BenchConfig, state_dir: Path | None = None, *, log: Log = stderr_lo
     state = _running_state(directory)
     own = state is None
     started: list[str] = []
+    ok = False
     try:
         if state is None:
             if cfg.controller == "upstream":
@@ -1365,13 +1403,19 @@ def run(cfg: BenchConfig, state_dir: Path | None = None, *, log: Log = stderr_lo
             )
         )
         result["testbed"] = {"nodes": needed if own else _ready_nodes(state.kubeconfig), "reused": not own}
+        ok = bool(result["correctness"]["ok"])
+        if own and not ok:
+            result["logs"] = str(directory / "logs")
         return result
     finally:
         if state is not None:
             for name in started:
                 stop_pid(state.pids.get(name, 0))
         if own:
-            cluster.down(directory)
+            # Keep every process's log when something went wrong: the evidence for the timelines.
+            cluster.down(directory, keep_logs=not ok)
+            if not ok:
+                log(f"logs kept in {directory / 'logs'}")
         elif state is not None and started:
             for name in started:
                 state.pids.pop(name, None)
