@@ -186,6 +186,12 @@ class Lifecycle:
         known = self.latest.get(key)
         if known is None or known.ref.uid != verdict.ref.uid or known.seq <= verdict.seq:
             self.latest[key] = verdict
+        if verdict.state == "Healthy":
+            # A Healthy verdict changes at most a condition; it must not wait in line in front of
+            # the verdicts that reset or finish workloads (the consumer is sequential). The
+            # coalescing workers apply it with the AppWrapper's next reconcile.
+            self.enqueue(key)
+            return
         started = utcnow()
         use = await self.reconcile_key(key, verdict)
         log.debug(

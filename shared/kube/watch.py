@@ -32,6 +32,24 @@ class WatchEvent:
     obj: dict[str, Any]
 
 
+def _slim(obj: dict[str, Any]) -> dict[str, Any]:
+    """What is kept of each object to announce its deletion after a re-list.
+
+    Only identity and labels (enough for a tombstone); keeping whole objects would cost
+    hundreds of megabytes with thousands of pods.
+    """
+    meta = obj.get("metadata", {})
+    return {
+        "apiVersion": obj.get("apiVersion"),
+        "kind": obj.get("kind"),
+        "metadata": {
+            k: meta[k]
+            for k in ("name", "namespace", "uid", "labels", "resourceVersion", "ownerReferences")
+            if k in meta
+        },
+    }
+
+
 def _key(obj: dict[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata", {})
     return meta.get("namespace", ""), meta.get("name", "")
@@ -69,7 +87,7 @@ async def list_then_watch(
         try:
             if need_list:
                 items, resource_version = await _list_all(kube, ref, namespace, label_selector, page_size)
-                current = {_key(o): o for o in items}
+                current = {_key(o): _slim(o) for o in items}
                 for key, old in list(known.items()):
                     if key not in current:
                         yield WatchEvent("DELETED", old)
@@ -106,7 +124,7 @@ async def list_then_watch(
                 if etype == "DELETED":
                     known.pop(_key(obj), None)
                 elif etype in ("ADDED", "MODIFIED"):
-                    known[_key(obj)] = obj
+                    known[_key(obj)] = _slim(obj)
                 else:
                     continue
                 backoff.reset()
