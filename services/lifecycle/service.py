@@ -97,6 +97,28 @@ def key_of(message: Message) -> Key | None:
     return (ref.namespace, appwrapper) if appwrapper else None
 
 
+def needs_attention(aw: Mapping[str, Any]) -> bool:
+    """Whether the periodic resync should reconcile this AppWrapper (it has work or a clock pending).
+
+    Running workloads are driven by verdicts and observations; finished ones only while they
+    still hold resources or quota (deletion, success TTL, deletion-on-failure grace).
+    """
+    meta = aw.get("metadata") or {}
+    status = aw.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return True
+    phase = status.get("phase", "")
+    conditions = {
+        c.get("type"): c.get("status") for c in status.get("conditions") or [] if isinstance(c, Mapping)
+    }
+    holding = conditions.get("ResourcesDeployed") == "True" or conditions.get("QuotaReserved") == "True"
+    if phase in ("Failed", "Succeeded"):
+        return holding
+    if phase == "Suspended":
+        return holding or not (aw.get("spec") or {}).get("suspend", False)
+    return bool(phase != "Running")
+
+
 def nodes_needed(aw: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> int:
     """How many nodes the workload needs at least, judged by its extended-resource requests.
 
@@ -248,10 +270,8 @@ class Lifecycle:
             try:
                 listing = await self.kube.list(self.aw_ref)
                 for aw in listing.get("items", []):
-                    meta = aw.get("metadata", {})
-                    phase = (aw.get("status") or {}).get("phase", "")
-                    at_rest = phase == "Running" and not meta.get("deletionTimestamp")
-                    if not at_rest:
+                    if needs_attention(aw):
+                        meta = aw.get("metadata", {})
                         self.enqueue((meta.get("namespace", ""), meta.get("name", "")))
             except KubeApiError as exc:
                 log.warning("resync list failed: %s", exc)

@@ -78,3 +78,35 @@ def test_staged_deletion_leaves_an_object_owned_by_someone_else_alone() -> None:
             status, namespace="ns", observed=foreign, forceful_grace=timedelta(minutes=1), now=when
         )
         assert not [a for a in step.actions if isinstance(a, DeleteComponent | ForceDeleteComponent)]
+
+
+def test_resync_only_picks_appwrappers_with_work_or_clocks_pending() -> None:
+    from services.lifecycle.service import needs_attention
+
+    def aw(
+        phase: str, *, deployed: bool = False, quota: bool = False, suspend: bool = False
+    ) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "a"},
+            "spec": {"suspend": suspend},
+            "status": {
+                "phase": phase,
+                "conditions": [
+                    {"type": "ResourcesDeployed", "status": "True" if deployed else "False"},
+                    {"type": "QuotaReserved", "status": "True" if quota else "False"},
+                ],
+            },
+        }
+
+    assert not needs_attention(aw("Running", deployed=True, quota=True))
+    assert not needs_attention(aw("Failed"))
+    assert needs_attention(aw("Failed", deployed=True, quota=True))
+    assert needs_attention(aw("Succeeded", deployed=True))
+    assert not needs_attention(aw("Succeeded"))
+    assert needs_attention(aw("Resetting", deployed=True, quota=True))
+    assert needs_attention(aw(""))
+    assert not needs_attention(aw("Suspended", suspend=True))
+    assert needs_attention(aw("Suspended", suspend=False))
+    deleting = aw("Running", deployed=True)
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert needs_attention(deleting)
