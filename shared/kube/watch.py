@@ -86,13 +86,17 @@ async def list_then_watch(
     while True:
         try:
             if need_list:
-                items, resource_version = await _list_all(kube, ref, namespace, label_selector, page_size)
-                current = {_key(o): _slim(o) for o in items}
+                # Page by page: a re-list of thousands of pods never sits in memory whole.
+                current: dict[tuple[str, str], dict[str, Any]] = {}
+                resource_version = ""
+                async for page, page_version in _pages(kube, ref, namespace, label_selector, page_size):
+                    resource_version = page_version  # the list's snapshot; the watch resumes from it
+                    for obj in page:
+                        current[_key(obj)] = _slim(obj)
+                        yield WatchEvent("MODIFIED" if _key(obj) in known else "ADDED", obj)
                 for key, old in list(known.items()):
                     if key not in current:
                         yield WatchEvent("DELETED", old)
-                for obj in items:
-                    yield WatchEvent("MODIFIED" if _key(obj) in known else "ADDED", obj)
                 known = current
                 need_list = False
                 yield WatchEvent("SYNCED", {"metadata": {"resourceVersion": resource_version}})
@@ -144,10 +148,10 @@ async def list_then_watch(
             await asyncio.sleep(delay)
 
 
-async def _list_all(
+async def _pages(
     kube: Kube, ref: ResourceRef, namespace: str | None, label_selector: str | None, page_size: int
-) -> tuple[list[dict[str, Any]], str]:
-    items: list[dict[str, Any]] = []
+) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
+    """The pages of a paginated LIST, each with the list's resourceVersion (set on the last)."""
     cont = ""
     while True:
         query: dict[str, str | int | bool] = {"limit": page_size}
@@ -156,12 +160,12 @@ async def _list_all(
         if cont:
             query["continue"] = cont
         page = await kube.request("GET", ref.path(namespace), query=query)
-        kind = ref.kind
-        for item in page.get("items", []):
+        items: list[dict[str, Any]] = page.get("items", [])
+        for item in items:
             # LIST responses omit each item's kind/apiVersion; put them back for consumers.
-            item.setdefault("kind", kind)
+            item.setdefault("kind", ref.kind)
             item.setdefault("apiVersion", ref.api_version)
-            items.append(item)
         cont = page.get("metadata", {}).get("continue", "")
+        yield items, str(page.get("metadata", {}).get("resourceVersion", ""))
         if not cont:
-            return items, str(page.get("metadata", {}).get("resourceVersion", ""))
+            return
