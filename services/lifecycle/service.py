@@ -24,7 +24,7 @@ import heapq
 import logging
 import os
 from collections.abc import Awaitable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -62,6 +62,7 @@ tracer = trace.get_tracer("respawn.lifecycle")
 
 COMPONENT = "respawn-lifecycle"
 MAX_PASSES = 6  # reconcile passes per trigger (creates feed their outcomes into the next pass)
+OBSERVATION_DEBOUNCE = timedelta(milliseconds=200)
 
 PHASES = metrics.counter("respawn_lifecycle_phase_transitions", "Phase transitions", ["phase"])
 RESETS = metrics.counter("respawn_lifecycle_resets", "Resets started, by cause", ["reason"])
@@ -187,6 +188,7 @@ class Lifecycle:
         self.queue: asyncio.Queue[Key] = asyncio.Queue()
         self.queued: set[Key] = set()
         self.timers: list[tuple[datetime, Key]] = []
+        self.debounced: set[Key] = set()
         self.wake = asyncio.Event()
         self.resync_seconds = float(os.environ.get("RESPAWN_LIFECYCLE_RESYNC_SECONDS", "30"))
         self.workers = int(os.environ.get("RESPAWN_LIFECYCLE_WORKERS", "8"))
@@ -232,8 +234,11 @@ class Lifecycle:
 
     async def on_observation(self, message: Message, delivery: Delivery) -> None:
         key = key_of(message)
-        if key is not None and key[1]:
-            self.enqueue(key)
+        if key is not None and key[1] and key not in self.debounced:
+            # Observations come in bursts (a Job's pods start or go away together): reconcile
+            # once a short moment after the first, not once per pod.
+            self.debounced.add(key)
+            self.requeue_at(utcnow() + OBSERVATION_DEBOUNCE, key)
 
     async def worker(self) -> None:
         while True:
@@ -261,6 +266,7 @@ class Lifecycle:
                     await asyncio.wait_for(self.wake.wait(), timeout=min(delay, 30.0))
                 continue
             heapq.heappop(self.timers)
+            self.debounced.discard(key)
             self.enqueue(key)
 
     async def resync(self) -> None:
