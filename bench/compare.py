@@ -132,19 +132,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     run.add_arguments(parser)
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON and PNG go")
     parser.add_argument("--json", action="store_true", help="print the JSON instead of the table")
+    parser.add_argument(
+        "--load",
+        action="append",
+        default=[],
+        metavar="CONTROLLER=FILE",
+        help="use a result saved by an earlier run (its <stem>-<controller>.json) instead of running it",
+    )
     args = parser.parse_args(argv)
+    stem = f"compare-n{args.appwrappers}x{args.pods_per_aw}-seed{args.seed}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    loaded = dict(item.split("=", 1) for item in args.load)
     results: dict[str, dict[str, Any]] = {}
     for controller in CONTROLLERS:
+        if controller in loaded:
+            results[controller] = json.loads(Path(loaded[controller]).read_text())
+            continue
         try:
             results[controller] = run.run(run.config_from(args, controller), args.state_dir)
+            # Saved at once: a failure of the next run must not lose this one.
+            (args.out / f"{stem}-{controller}.json").write_text(json.dumps(results[controller], default=str))
         except upstream.UpstreamUnavailable as exc:
             print(f"upstream controller not run: {exc}", file=sys.stderr)
             results[controller] = {"controller": controller, "error": str(exc)}
         except (run.BenchError, TestbedError) as exc:
             print(f"error: {controller}: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
-    stem = f"compare-n{args.appwrappers}x{args.pods_per_aw}-seed{args.seed}"
-    args.out.mkdir(parents=True, exist_ok=True)
     document = {"results": results, "table": compare_rows(results)}
     (args.out / f"{stem}.json").write_text(json.dumps(document, indent=1, default=str))
     png = args.out / f"{stem}.png"

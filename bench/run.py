@@ -950,20 +950,32 @@ class Bench:
     async def delete_all(self, limit: float) -> tuple[float, list[str]]:
         """Delete every AppWrapper; wait for them, their pods and components to be gone."""
         t = time.monotonic()
-        await self.kube.request(
-            "DELETE",
-            self.refs["aw"].path(self.ns),
-            body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
-        )
+        sem = asyncio.Semaphore(16)
+
+        async def delete(name: str) -> None:
+            async with sem:
+                await self.kube.delete(self.refs["aw"], name, self.ns)
+
+        # One request per AppWrapper: a collection delete of thousands can outlast any request
+        # timeout on a loaded API server.
+        results = await asyncio.gather(*(delete(n) for n in sorted(self.tracker.aws)), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            self.log(f"{len(failed)} deletes failed (first: {failed[0]!r}); waiting anyway")
         left: list[str] = []
         while time.monotonic() - t < limit:
-            aws = await self.listing("aw")
-            pods = [
-                p
-                for p in await self.listing("pod")
-                if APPWRAPPER_LABEL in (p["metadata"].get("labels") or {})
-            ]
-            comps = [c for k in ("job", "pytorchjob") for c in await self.listing(k)]
+            try:
+                aws = await self.listing("aw")
+                pods = [
+                    p
+                    for p in await self.listing("pod")
+                    if APPWRAPPER_LABEL in (p["metadata"].get("labels") or {})
+                ]
+                comps = [c for k in ("job", "pytorchjob") for c in await self.listing(k)]
+            except KubeApiError as exc:
+                left = [f"listing failed: {exc}"]
+                await asyncio.sleep(1.0)
+                continue
             left = [f"{len(aws)} AppWrappers", f"{len(pods)} pods", f"{len(comps)} components"]
             if not aws and not pods and not comps:
                 return time.monotonic() - t, []
@@ -1077,7 +1089,10 @@ async def run_bench(
         end_self = resource.getrusage(resource.RUSAGE_SELF)
 
         log("deleting every AppWrapper")
-        cleanup_s, after_delete = await bench.delete_all(cfg.cleanup_timeout)
+        try:
+            cleanup_s, after_delete = await bench.delete_all(cfg.cleanup_timeout)
+        except KubeApiError as exc:  # the run's figures are kept whatever the clean-up does
+            cleanup_s, after_delete = float("nan"), [f"clean-up failed: {exc}"]
         unrecovered = [f"fault {f.id} ({f.kind} on {f.aw})" for f in bench.tracker.faults if f.t_done is None]
         correctness = {
             **end_state,
