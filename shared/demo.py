@@ -141,6 +141,8 @@ WORKLOADS: list[tuple[str, dict[str, Any], str]] = [
 
 @dataclass
 class Incident:
+    # ``injected_at``: just before the fault is written (kubectl runs in a thread so the event
+    # loop keeps stamping verdicts as they arrive): detection figures are upper bounds.
     name: str
     fault: str
     injected_at: float
@@ -229,7 +231,7 @@ def _phase(board: Board, name: str) -> str:
 async def _until(check: Any, board: Board, state: State, within: float) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        _refresh(state, board)
+        await asyncio.to_thread(_refresh, state, board)
         if check():
             return True
         await asyncio.sleep(0.3)
@@ -241,7 +243,7 @@ async def _scenario(state: State, board: Board, live: Live, started: float, log:
 
     async def tick() -> None:
         while True:
-            _refresh(state, board)
+            await asyncio.to_thread(_refresh, state, board)
             live.update(_table(board, started, note["text"]))
             await asyncio.sleep(0.5)
 
@@ -267,7 +269,7 @@ async def _scenario(state: State, board: Board, live: Live, started: float, log:
         note["text"] = "fault: a training worker crashes (exit 137)"
         victim = next(p for p in _pods(state, "crashy") if p["status"].get("phase") == "Running")
         inc = Incident("crashy", "worker exit 137", time.monotonic())
-        sim.fail_pod(state.kubeconfig, NS, victim["metadata"]["name"], exit_code=137)
+        await asyncio.to_thread(sim.fail_pod, state.kubeconfig, NS, victim["metadata"]["name"], exit_code=137)
         inc.nodes_avoided = [victim["spec"].get("nodeName", "")]
         incidents.append(inc)
         await asyncio.sleep(3)
@@ -275,25 +277,25 @@ async def _scenario(state: State, board: Board, live: Live, started: float, log:
         note["text"] = "fault: the node under llm-train is labelled EVICT"
         target = next(p for p in _pods(state, "llm-train") if p["status"].get("phase") == "Running")
         node = target["spec"]["nodeName"]
-        inc = Incident(
-            "llm-train", f"node {node} labelled autopilot.ibm.com/gpuhealth=EVICT", time.monotonic()
+        inc = Incident("llm-train", f"{node} labelled EVICT", time.monotonic())
+        await asyncio.to_thread(
+            sim.label_node, state.kubeconfig, node, "autopilot.ibm.com/gpuhealth", "EVICT"
         )
         inc.nodes_avoided = [node]
-        sim.label_node(state.kubeconfig, node, "autopilot.ibm.com/gpuhealth", "EVICT")
         incidents.append(inc)
         await asyncio.sleep(3)
 
         note["text"] = "fault: a pod stuck terminating is caught in a reset"
         victim = next(p for p in _pods(state, "sticky") if p["status"].get("phase") == "Running")
         inc = Incident("sticky", "fail + stuck terminating", time.monotonic())
-        sim.fail_pod(state.kubeconfig, NS, victim["metadata"]["name"], exit_code=1)
+        await asyncio.to_thread(sim.fail_pod, state.kubeconfig, NS, victim["metadata"]["name"], exit_code=1)
         incidents.append(inc)
 
         note["text"] = "watching recovery"
         await _until(lambda: all(_phase(board, n) in TERMINAL for n, _, _ in WORKLOADS), board, state, 150)
         sim.label_node(state.kubeconfig, node, "autopilot.ibm.com/gpuhealth", None)
         note["text"] = "done"
-        _refresh(state, board)
+        await asyncio.to_thread(_refresh, state, board)
         live.update(_table(board, started, note["text"]))
     finally:
         ticker.cancel()
