@@ -29,6 +29,7 @@ from shared.testbed.cluster import kubectl
 from shared.testbed.modes import Endpoints
 from shared.testbed.ports import free_port
 from tests.integration.conftest import ServiceFactory
+from tests.waiting import until_sync
 
 pytestmark = pytest.mark.testbed
 
@@ -37,15 +38,7 @@ T = TypeVar("T")
 
 
 def until(what: str, check: Callable[[], T], *, within: float = 60, every: float = 0.25) -> T:
-    """Poll ``check`` until it returns something truthy; fail after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}; last seen: {value!r}")
-        time.sleep(every)
+    return until_sync(what, check, within=within, every=every)
 
 
 def cli_env(testbed: Endpoints, **overrides: str | None) -> dict[str, str]:
