@@ -1487,6 +1487,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--settle-timeout", type=float, default=d.settle_timeout)
     parser.add_argument("--setup-timeout", type=float, default=d.setup_timeout)
+    parser.add_argument(
+        "--cleanup-timeout", type=float, default=d.cleanup_timeout, help="for deleting every AppWrapper"
+    )
     parser.add_argument("--nodes", type=int, default=None, help="kwok nodes (default: from the workload)")
     parser.add_argument("--state-dir", type=Path, default=None, help="reuse the testbed running there")
 
@@ -1509,6 +1512,7 @@ def config_from(args: argparse.Namespace, controller: str) -> BenchConfig:
         idle_seconds=args.idle,
         settle_timeout=args.settle_timeout,
         setup_timeout=args.setup_timeout,
+        cleanup_timeout=args.cleanup_timeout,
         nodes=args.nodes,
     )
 
