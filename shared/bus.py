@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -381,7 +382,10 @@ class Consumer(Generic[M]):
         fetch_timeout: float,
         max_deliver: int,
         consumer_config: api.ConsumerConfig,
+        concurrency: int = 1,
     ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self._bus = bus
         self.stream = stream
         self.durable = durable
@@ -392,6 +396,8 @@ class Consumer(Generic[M]):
         self._fetch_timeout = fetch_timeout
         self._max_deliver = max_deliver
         self._config = consumer_config
+        self._concurrency = concurrency
+        self._inflight: set[asyncio.Task[None]] = set()
         self._idle = True
         self._psub: Any = None
         self._generation = -1
@@ -447,6 +453,9 @@ class Consumer(Generic[M]):
     # -------------------------------------------------------------- loop
 
     async def _run(self) -> None:
+        if self._concurrency > 1:
+            await self._run_keyed()
+            return
         try:
             while not self._stopping:
                 msgs = await self._next_batch()
@@ -477,8 +486,71 @@ class Consumer(Generic[M]):
                 with contextlib.suppress(Exception):
                     await psub.unsubscribe()
 
-    async def _next_batch(self) -> list[Any]:
-        """One fetch, (re)binding first when needed; errors back off and retry forever."""
+    async def _run_keyed(self) -> None:
+        """Handle messages of different subjects concurrently, those of one subject in order.
+
+        A subject names one object (e.g. one AppWrapper's verdicts), so a slow handler for one
+        object no longer delays every other object's messages, while each object still sees its
+        own messages one after another. At most ``concurrency`` messages are in flight; the next
+        fetch asks only for as many as there are free slots.
+        """
+        slots = asyncio.Semaphore(self._concurrency)
+        tails: dict[str, asyncio.Task[None]] = {}
+
+        async def chain(previous: asyncio.Task[None] | None, msg: Any) -> None:
+            try:
+                if previous is not None:
+                    await asyncio.wait({previous})
+                if self._stopping:
+                    # Hand it back at once instead of letting its ack wait run out.
+                    await self._settle(msg.nak(), "nak")
+                    return
+                try:
+                    await self._process(msg)
+                except Exception:  # a bug here must not end the loop
+                    log.exception(
+                        "consumer %s/%s: processing %s failed; it will be redelivered",
+                        self.stream,
+                        self.durable,
+                        msg.subject,
+                    )
+                    await self._settle(msg.nak(delay=1.0), "nak")
+            finally:
+                slots.release()
+
+        def done(task: asyncio.Task[None], *, subject: str) -> None:
+            self._inflight.discard(task)
+            if tails.get(subject) is task:
+                del tails[subject]
+            self._busy = bool(self._inflight)
+
+        try:
+            while not self._stopping:
+                await slots.acquire()  # at least one free slot before fetching
+                slots.release()
+                free = self._concurrency - len(self._inflight)
+                msgs = await self._next_batch(max(1, min(self._batch, free)))
+                for msg in msgs:
+                    await slots.acquire()
+                    task = asyncio.create_task(chain(tails.get(msg.subject), msg))
+                    tails[msg.subject] = task
+                    self._inflight.add(task)
+                    self._busy = True
+                    task.add_done_callback(functools.partial(done, subject=msg.subject))
+        finally:
+            if self._inflight:
+                # Let handlers that already started finish (stop() bounds how long).
+                await asyncio.wait(set(self._inflight))
+            self._bound = False
+            psub, self._psub = self._psub, None
+            if psub is not None:
+                with contextlib.suppress(Exception):
+                    await psub.unsubscribe()
+
+    async def _next_batch(self, size: int | None = None) -> list[Any]:
+        """One fetch of up to ``size`` messages (default: the batch size), (re)binding first
+        when needed; errors back off and retry forever."""
+        size = size or self._batch
 
         def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
@@ -508,7 +580,7 @@ class Consumer(Generic[M]):
                     else:
                         # Busy: take what is there now (the no-wait probe returns at once), and
                         # linger only briefly when the backlog has just run dry.
-                        msgs = list(await self._psub.fetch(self._batch, timeout=BUSY_FETCH_TIMEOUT))
+                        msgs = list(await self._psub.fetch(size, timeout=BUSY_FETCH_TIMEOUT))
                 except TimeoutError:  # nothing to do: the normal idle case
                     msgs = []
                 except Exception:
@@ -1004,16 +1076,21 @@ class Bus:
         fetch_timeout: float = 1.0,
         deliver_policy: api.DeliverPolicy = api.DeliverPolicy.ALL,
         inactive_threshold: float | None = None,
+        concurrency: int = 1,
     ) -> Consumer[M]:
         """Create-or-update the durable pull consumer and start its loop.
 
-        Messages are handled one at a time, in order. ``handler(message, delivery)``:
+        Messages are handled one at a time, in order; with ``concurrency`` > 1, messages on
+        different subjects are handled concurrently (up to that many at once) and those on one
+        subject still one after another, in order. ``handler(message, delivery)``:
         returning acks; raising :class:`TransientError` naks with its delay; any other
         exception is logged and naked with a growing delay. On the ``max_deliver``-th
         failed delivery, and for undecodable or newer-version messages at once, the raw
         message goes to ``respawn.deadletter.<service>`` and is terminated.
         Handlers must be idempotent: an ack can be lost and the message redelivered.
         """
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         filters = (filter_subjects,) if isinstance(filter_subjects, str) else tuple(filter_subjects)
         if not filters:
             raise ValueError("consume needs at least one filter subject")
@@ -1043,6 +1120,7 @@ class Bus:
             fetch_timeout=fetch_timeout,
             max_deliver=max_deliver,
             consumer_config=config,
+            concurrency=concurrency,
         )
         consumer.start()
         self._consumers.append(consumer)

@@ -30,6 +30,7 @@ from pydantic import (
     Field,
     PlainSerializer,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -210,6 +211,27 @@ class NodeExclusionConfig(_Section):
     max_nodes: int = Field(default=8, ge=0)
 
 
+class LifecycleConfig(_Section):
+    """How the lifecycle service spreads its work (per replica)."""
+
+    # Reconcile workers fed by observations, timers and the resync.
+    workers: int = Field(default=8, ge=1, le=256)
+    # Verdicts of different AppWrappers applied at once; one AppWrapper's stay in order. Too low
+    # and a burst of verdicts queues (each takes a few API round trips); the API server is the
+    # limit beyond a few dozen.
+    verdict_concurrency: int = Field(default=32, ge=1, le=1024)
+    # How often every AppWrapper with work or a clock pending is reconciled anyway (covers
+    # timers lost with a replica that died).
+    resync_period: Duration = timedelta(seconds=30)
+
+    @field_validator("resync_period")
+    @classmethod
+    def _positive_resync(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("must be positive")
+        return value
+
+
 class NatsConfig(_Section):
     url: str = Field(default="nats://localhost:4222", min_length=1)
     # JetStream allows 1 to 5 replicas per stream.
@@ -220,6 +242,7 @@ class OperatorConfig(_Section):
     fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
     autopilot: AutopilotConfig = Field(default_factory=AutopilotConfig)
     node_exclusion: NodeExclusionConfig = Field(default_factory=NodeExclusionConfig)
+    lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
     # Kueue local queue put on AppWrappers that name none; empty leaves them alone.
     default_queue_name: str = ""
     nats: NatsConfig = Field(default_factory=NatsConfig)

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import heapq
 import logging
-import os
 from collections.abc import Awaitable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -80,6 +79,7 @@ CONFLICTS = metrics.counter(
 RECONCILES = metrics.counter("respawn_lifecycle_reconciles", "Reconcile passes, by outcome", ["outcome"])
 
 Key = tuple[str, str]
+_DELETES = (DeleteComponent, ForceDeleteComponent, ForceDeletePods)
 # Phases that end an incident's trace (besides Running again after a reset).
 _INCIDENT_ENDS = ("Succeeded", "Failed", "Suspended")
 
@@ -190,8 +190,10 @@ class Lifecycle:
         self.timers: list[tuple[datetime, Key]] = []
         self.debounced: set[Key] = set()
         self.wake = asyncio.Event()
-        self.resync_seconds = float(os.environ.get("RESPAWN_LIFECYCLE_RESYNC_SECONDS", "30"))
-        self.workers = int(os.environ.get("RESPAWN_LIFECYCLE_WORKERS", "8"))
+        settings = rt.config.lifecycle
+        self.resync_seconds = settings.resync_period.total_seconds()
+        self.workers = settings.workers
+        self.verdict_concurrency = settings.verdict_concurrency
 
     # ------------------------------------------------------------------ triggers
 
@@ -447,7 +449,14 @@ class Lifecycle:
             aw = written
             self.record_transition(aw, plan, verdict)
         outcomes: dict[int, CreateOutcome] = {}
+        # Deletes first (in their planned order: pods before components when forceful): they are
+        # what a reset waits for, while events and announcements only describe it.
+        deletes = [a for a in plan.actions if isinstance(a, _DELETES)]
+        for action in deletes:
+            await self.act(aw, action, observed)
         for action in plan.actions:
+            if isinstance(action, _DELETES):
+                continue
             if isinstance(action, CreateComponent):
                 with tracer.start_as_current_span(
                     "lifecycle.create_component", attributes={"component": action.index}
@@ -616,17 +625,24 @@ class Lifecycle:
             ):
                 seen_pods = (observed.pods if observed is not None else None) or ()
                 pod_uids = {p.name: p.uid for p in seen_pods}
-                for pod in action.names:
-                    try:
-                        await self.kube.delete(
-                            self.pods_ref,
-                            pod,
-                            action.namespace,
-                            grace_period_seconds=0,
-                            uid=pod_uids.get(pod) or None,
-                        )
-                    except KubeApiError as exc:
-                        log.warning("force-deleting pod %s/%s failed: %s", action.namespace, pod, exc)
+                limit = asyncio.Semaphore(16)  # a 64-pod workload: a few rounds, not 64 in a row
+
+                async def force_delete(pod: str) -> None:
+                    assert self.pods_ref is not None
+                    async with limit:
+                        try:
+                            await self.kube.delete(
+                                self.pods_ref,
+                                pod,
+                                action.namespace,
+                                grace_period_seconds=0,
+                                uid=pod_uids.get(pod) or None,
+                            )
+                        except KubeApiError as exc:
+                            if not exc.not_found:
+                                log.warning("force-deleting pod %s/%s failed: %s", action.namespace, pod, exc)
+
+                await asyncio.gather(*(force_delete(pod) for pod in action.names))
         elif isinstance(action, EmitEvent):
             try:
                 await self.kube.create_event(
@@ -714,6 +730,9 @@ class Lifecycle:
             self.on_verdict,
             max_deliver=100_000,  # held verdicts are redelivered until they apply
             ack_wait=60.0,
+            # One AppWrapper's verdicts in order, different AppWrappers' at once: a verdict takes
+            # a few API round trips, and a burst of them must not queue behind each other.
+            concurrency=self.verdict_concurrency,
         )
         observations = await self.rt.bus.consume(
             subjects.OBSERVATIONS_STREAM,

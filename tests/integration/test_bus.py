@@ -232,6 +232,66 @@ async def test_ack_only_after_the_handler_returns(bus: Bus) -> None:
     await consumer.stop()
 
 
+async def test_keyed_concurrency_overlaps_subjects_and_keeps_each_subject_in_order(bus: Bus) -> None:
+    run = uid()
+    ns = f"keyed{run}"
+    slow, fast = subjects.verdict(ns, f"slow-{run}"), subjects.verdict(ns, f"fast-{run}")
+    release = asyncio.Event()
+    order: list[tuple[str, int]] = []
+    active: dict[str, int] = {}
+    overlap: list[str] = []
+
+    async def handler(msg: Verdict, delivery: Delivery) -> None:
+        name = msg.ref.name
+        active[name] = active.get(name, 0) + 1
+        if active[name] > 1:
+            overlap.append(name)  # two messages of one subject at once: order broken
+        try:
+            if name.startswith("slow") and msg.seq == 1:
+                await release.wait()  # the slow subject's first message blocks ...
+            order.append((name.split("-")[0], msg.seq))
+        finally:
+            active[name] -= 1
+
+    for seq in (1, 2, 3):
+        await bus.publish(slow, verdict(f"slow-{run}", seq=seq), msg_id=None)
+    for seq in (1, 2, 3):
+        await bus.publish(fast, verdict(f"fast-{run}", seq=seq), msg_id=None)
+    filters = f"{subjects.VERDICT_PREFIX}.{ns}.*"
+    consumer = await bus.consume(
+        subjects.VERDICTS_STREAM, f"t_{uid()}", filters, Verdict, handler, concurrency=4
+    )
+    # ... yet the other subject's messages are all handled meanwhile, in their order,
+    await eventually(lambda: [o for o in order if o[0] == "fast"] == [("fast", 1), ("fast", 2), ("fast", 3)])
+    assert not any(o[0] == "slow" for o in order)
+    release.set()
+    # and the blocked subject then goes on in its own order.
+    await eventually(lambda: [o for o in order if o[0] == "slow"] == [("slow", 1), ("slow", 2), ("slow", 3)])
+    assert overlap == []
+
+    async def all_acked() -> bool:
+        i = await bus.js.consumer_info(subjects.VERDICTS_STREAM, consumer.durable)
+        return bool(i.num_ack_pending == 0 and i.num_pending == 0)
+
+    await eventually_async(all_acked, what="every message acked")
+    await consumer.stop()
+
+
+async def test_concurrency_below_one_is_refused(bus: Bus) -> None:
+    async def handler(msg: Verdict, delivery: Delivery) -> None:
+        return None
+
+    with pytest.raises(ValueError, match="concurrency must be at least 1"):
+        await bus.consume(
+            subjects.VERDICTS_STREAM,
+            f"t_{uid()}",
+            subjects.verdict("x", uid()),
+            Verdict,
+            handler,
+            concurrency=0,
+        )
+
+
 async def test_transient_error_redelivers_the_message(bus: Bus) -> None:
     subject = subjects.verdict("transient", uid())
     seen: list[tuple[int, int]] = []

@@ -614,7 +614,7 @@ async def test_two_lifecycle_instances_reset_once_and_create_once_per_attempt(
 ) -> None:
     kc = testbed.kubeconfig
     # Frequent resyncs make both instances reconcile the same AppWrapper at the same time.
-    fast_resync = {"RESPAWN_LIFECYCLE_RESYNC_SECONDS": "0.3"}
+    fast_resync = {"RESPAWN_LIFECYCLE_RESYNC_PERIOD": "300ms"}
     service("lifecycle", instance="a", env=fast_resync)
     service("lifecycle", instance="b", env=fast_resync)
     apply(kc, namespace, job_appwrapper("twin", pod_annotations={sim.SUCCEED_AFTER: "4s"}))

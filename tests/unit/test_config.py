@@ -64,6 +64,34 @@ def test_other_defaults() -> None:
     assert (config.nats.url, config.nats.stream_replicas) == ("nats://localhost:4222", 1)
     assert config.kubeconfig is None
     assert config.metrics_port == 8081
+    assert (config.lifecycle.workers, config.lifecycle.verdict_concurrency) == (8, 32)
+    assert config.lifecycle.resync_period == timedelta(seconds=30)
+
+
+def test_lifecycle_settings_from_the_environment() -> None:
+    config = load_config(
+        env={
+            "RESPAWN_LIFECYCLE_VERDICT_CONCURRENCY": "4",
+            "RESPAWN_LIFECYCLE_WORKERS": "2",
+            "RESPAWN_LIFECYCLE_RESYNC_PERIOD": "300ms",
+        }
+    )
+    assert config.lifecycle.verdict_concurrency == 4
+    assert config.lifecycle.workers == 2
+    assert config.lifecycle.resync_period == timedelta(milliseconds=300)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("RESPAWN_LIFECYCLE_RESYNC_PERIOD", "0s", "lifecycle.resyncPeriod: must be positive"),
+        ("RESPAWN_LIFECYCLE_VERDICT_CONCURRENCY", "0", "lifecycle.verdictConcurrency"),
+        ("RESPAWN_LIFECYCLE_WORKERS", "many", "lifecycle.workers"),
+    ],
+)
+def test_bad_lifecycle_settings_are_rejected(variable: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(env={variable: value})
 
 
 def test_yaml_file_uses_upstream_key_names(tmp_path: Path) -> None:
@@ -184,7 +212,8 @@ def test_every_leaf_key_has_an_environment_variable() -> None:
     assert names["RESPAWN_FAULT_TOLERANCE_SUCCESS_TTL_CEILING"] == "faultTolerance.successTTLCeiling"
     assert names["RESPAWN_AUTOPILOT_PREFER_NO_SCHEDULE_WEIGHT"] == "autopilot.preferNoScheduleWeight"
     assert names["RESPAWN_NATS_URL"] == "nats.url"
-    assert len(names) == 20
+    assert names["RESPAWN_LIFECYCLE_VERDICT_CONCURRENCY"] == "lifecycle.verdictConcurrency"
+    assert len(names) == 23
     assert len(set(names.values())) == len(names)
 
 
