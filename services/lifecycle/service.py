@@ -451,9 +451,8 @@ class Lifecycle:
         outcomes: dict[int, CreateOutcome] = {}
         # Deletes first (in their planned order: pods before components when forceful): they are
         # what a reset waits for, while events and announcements only describe it.
-        deletes = [a for a in plan.actions if isinstance(a, _DELETES)]
-        for action in deletes:
-            await self.act(aw, action, observed)
+        for delete in [a for a in plan.actions if isinstance(a, _DELETES)]:
+            await self.act(aw, delete, observed)
         for action in plan.actions:
             if isinstance(action, _DELETES):
                 continue
