@@ -57,3 +57,23 @@ def fmt_ms(stats: dict[str, float]) -> str:
         f"n={int(stats['n'])} p50={stats['p50'] * 1000:.1f}ms p90={stats['p90'] * 1000:.1f}ms "
         f"p99={stats['p99'] * 1000:.1f}ms max={stats['max'] * 1000:.1f}ms"
     )
+
+
+async def settle(
+    pids: dict[str, int], *, quiet: float = 0.05, window: float = 2.0, limit: float = 300.0
+) -> float:
+    """Wait until every process in ``pids`` uses less than ``quiet`` of a core over ``window``
+    seconds (set-up work such as reconciling freshly started pods has drained); returns the
+    seconds waited. Measuring before that would time the tail of the set-up, not the system
+    at steady state."""
+    import asyncio
+    import time
+
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        before = {name: usage(pid).cpu_seconds for name, pid in pids.items()}
+        await asyncio.sleep(window)
+        busy = [name for name, pid in pids.items() if usage(pid).cpu_seconds - before[name] > quiet * window]
+        if not busy:
+            return time.monotonic() - started
+    raise TimeoutError(f"services still busy after {limit:.0f}s")

@@ -8,6 +8,7 @@ reset              the overhead of a full reset of a 64-pod workload beyond its 
 
 .venv/bin/respawn local up --state-dir .respawn --nodes 16
 .venv/bin/python -m bench.lifecycle verdict-to-delete --state-dir .respawn [--appwrappers 1000] [--samples 50]
+    [--namespace NS-of-an-earlier-run]
 .venv/bin/python -m bench.lifecycle reset --state-dir .respawn [--pods 64] [--rounds 3]
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 
 import nats
 
-from bench.common import fmt_ms, percentiles, usage
+from bench.common import fmt_ms, percentiles, settle, usage
 from shared import subjects
 from shared.kube import Kube, ResourceRef
 from shared.kube.watch import list_then_watch
@@ -75,22 +76,38 @@ def report_processes(state: State) -> None:
             )
 
 
-async def verdict_to_delete(state_dir: Path, count: int, samples: int) -> None:
+async def verdict_to_delete(state_dir: Path, count: int, samples: int, reuse: str | None) -> None:
     state, kube, aw_ref, job_ref, ns_ref = await setup(state_dir)
-    ns = f"bench-lc-{int(time.time())}"
-    await kube.create(ns_ref, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    names = [f"aw-{i}" for i in range(count)]
-    sem = asyncio.Semaphore(32)
-    annotations = {"workload.codeflare.dev.appwrapper/retryLimit": "0"}
+    if reuse:
+        # Another round on AppWrappers an earlier run left Running (those it reset are Failed).
+        ns = reuse
+        listing = await kube.list(aw_ref, ns)
+        names = sorted(
+            a["metadata"]["name"]
+            for a in listing["items"]
+            if (a.get("status") or {}).get("phase") == "Running"
+        )
+        print(f"{len(names)} AppWrappers Running in {ns}")
+    else:
+        ns = f"bench-lc-{int(time.time())}"
+        await kube.create(ns_ref, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        names = [f"aw-{i}" for i in range(count)]
+        sem = asyncio.Semaphore(32)
+        annotations = {"workload.codeflare.dev.appwrapper/retryLimit": "0"}
 
-    async def create(name: str) -> None:
-        async with sem:
-            await kube.create(aw_ref, appwrapper(name, 1, annotations), ns)
+        async def create(name: str) -> None:
+            async with sem:
+                await kube.create(aw_ref, appwrapper(name, 1, annotations), ns)
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(create(n) for n in names))
-    await wait_phase(kube, aw_ref, ns, names, "Running", 900)
-    print(f"{count} AppWrappers Running after {time.perf_counter() - t0:.1f}s")
+        t0 = time.perf_counter()
+        await asyncio.gather(*(create(n) for n in names))
+        await wait_phase(kube, aw_ref, ns, names, "Running", 900)
+        print(f"{count} AppWrappers Running after {time.perf_counter() - t0:.1f}s")
+    if len(names) < samples:
+        raise SystemExit(f"only {len(names)} AppWrappers Running in {ns}; fewer than --samples {samples}")
+    services = {n: p for n, p in state.pids.items() if n in ("watcher", "health", "lifecycle", "autopilot")}
+    waited = await settle(services)
+    print(f"services quiet after {waited:.1f}s more (steady state: measuring now)")
 
     deleted: dict[str, float] = {}
 
@@ -207,13 +224,16 @@ def main() -> None:
     v.add_argument("--state-dir", type=Path, default=Path(".respawn"))
     v.add_argument("--appwrappers", type=int, default=1000)
     v.add_argument("--samples", type=int, default=50)
+    v.add_argument("--namespace", help="reuse the Running AppWrappers an earlier run left in this namespace")
     r = sub.add_parser("reset")
     r.add_argument("--state-dir", type=Path, default=Path(".respawn"))
     r.add_argument("--pods", type=int, default=64)
     r.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if args.cmd == "verdict-to-delete":
-        asyncio.run(verdict_to_delete(args.state_dir.resolve(), args.appwrappers, args.samples))
+        asyncio.run(
+            verdict_to_delete(args.state_dir.resolve(), args.appwrappers, args.samples, args.namespace)
+        )
     else:
         asyncio.run(reset_overhead(args.state_dir.resolve(), args.pods, args.rounds))
 

@@ -21,6 +21,7 @@ __all__ = [
     "CreateOutcome",
     "CreateResult",
     "DeleteComponent",
+    "DeleteLeftoverPods",
     "EmitEvent",
     "ForceDeleteComponent",
     "ForceDeletePods",
@@ -51,6 +52,18 @@ class DeleteComponent:
     kind: str
     namespace: str
     name: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteLeftoverPods:
+    """Delete these labelled pods (their own grace period) once no component is left.
+
+    With Background propagation the garbage collector would delete them too, but it finds and
+    deletes them one after another; a large workload's reset waits for the last one.
+    """
+
+    namespace: str
+    names: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +109,7 @@ class PublishLifecycleEvent:
 Action = (
     CreateComponent
     | DeleteComponent
+    | DeleteLeftoverPods
     | ForceDeletePods
     | ForceDeleteComponent
     | EmitEvent

@@ -6,7 +6,10 @@ One call is one step; the caller repeats it (on observations or at ``requeue_at`
 1. ``DeletingResources`` becomes True (reason ``DeletionInitiated``); its transition time starts
    the forceful-deletion clock, so a restarted instance continues the same clock.
 2. Every component still present is deleted with Background propagation, letting its own
-   controller cascade the deletion to its pods.
+   controller cascade the deletion to its pods. Once no component is left, labelled pods not
+   yet terminating are deleted too, with their own grace period (a Respawn addition: the
+   garbage collector would get to them, one after another, but a large reset waits for the
+   last one).
 3. Once ``ForcefulDeletionGracePeriod`` has passed with anything left: every remaining labelled
    pod is deleted with grace period 0, and only when no pod is left, the remaining components
    are deleted with grace period 0. Pods go first because a component's controller could
@@ -28,7 +31,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from services.lifecycle.actions import Action, DeleteComponent, ForceDeleteComponent, ForceDeletePods
+from services.lifecycle.actions import (
+    Action,
+    DeleteComponent,
+    DeleteLeftoverPods,
+    ForceDeleteComponent,
+    ForceDeletePods,
+)
 from services.lifecycle.conditions import (
     as_utc,
     clear_condition,
@@ -160,7 +169,12 @@ def staged_deletion(
         )
         return DeletionStep(True, list(conditions), entries, tuple(actions), None)
     if not expired:
-        # Components are gone but their pods are still terminating.
+        # Components are gone but their pods are still there. Delete those not yet terminating
+        # ourselves (with their own grace period) instead of waiting for the garbage collector
+        # to reach each of them: nothing is left to recreate them.
+        leftover = tuple(p.name for p in pods if not p.terminating)
+        if not remaining and leftover:
+            actions.append(DeleteLeftoverPods(namespace=namespace, names=leftover))
         return DeletionStep(False, list(conditions), entries, tuple(actions), min(deadline, poll))
 
     if pods:

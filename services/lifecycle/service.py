@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import heapq
 import logging
+import time
 from collections.abc import Awaitable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -35,6 +36,7 @@ from services.lifecycle.actions import (
     CreateOutcome,
     CreateResult,
     DeleteComponent,
+    DeleteLeftoverPods,
     EmitEvent,
     ForceDeleteComponent,
     ForceDeletePods,
@@ -79,7 +81,7 @@ CONFLICTS = metrics.counter(
 RECONCILES = metrics.counter("respawn_lifecycle_reconciles", "Reconcile passes, by outcome", ["outcome"])
 
 Key = tuple[str, str]
-_DELETES = (DeleteComponent, ForceDeleteComponent, ForceDeletePods)
+_DELETES = (DeleteComponent, ForceDeleteComponent, DeleteLeftoverPods, ForceDeletePods)
 # Phases that end an incident's trace (besides Running again after a reset).
 _INCIDENT_ENDS = ("Succeeded", "Failed", "Suspended")
 
@@ -307,6 +309,7 @@ class Lifecycle:
         created: dict[int, CreateOutcome] = {}
         use = VerdictUse.NONE
         for _ in range(MAX_PASSES):
+            t_read = time.perf_counter()
             try:
                 aw = await self.kube.get(self.aw_ref, key[1], key[0])
             except KubeApiError as exc:
@@ -319,14 +322,22 @@ class Lifecycle:
             aw.setdefault("kind", KIND)
             annotations = (aw.get("metadata") or {}).get("annotations") or {}
             params = effective_fault_tolerance(annotations, self.defaults).ft
+            t_observe = time.perf_counter()
             observed = await self.observe(aw, created)
+            t_decide = time.perf_counter()
             now = utcnow()
             plan = reconcile(aw, observed, verdict, params, now, hooks=self.hooks)
             if log.isEnabledFor(logging.DEBUG):
+                # Where a pass's time goes (read the AppWrapper / read components and pods /
+                # decide), for when a verdict takes longer to apply than it should.
                 log.debug(
-                    "%s/%s pass: phase %s -> %s, %d pods observed, %d actions, status %s, requeue %s",
+                    "%s/%s pass (read %.0f ms, observe %.0f ms, decide %.1f ms): "
+                    "phase %s -> %s, %d pods observed, %d actions, status %s, requeue %s",
                     key[0],
                     key[1],
+                    (t_observe - t_read) * 1000,
+                    (t_decide - t_observe) * 1000,
+                    (time.perf_counter() - t_decide) * 1000,
                     (aw.get("status") or {}).get("phase", ""),
                     plan.phase,
                     len(observed.pods or ()),
@@ -445,14 +456,29 @@ class Lifecycle:
         if plan.status is not None:
             body = {**aw, "status": plan.status}
             body["metadata"] = {**aw["metadata"], "resourceVersion": resource_version}
+            t_write = time.perf_counter()
             written = await self.kube.replace_status(self.aw_ref, body)
+            log.debug(
+                "%s/%s status written in %.0f ms",
+                meta.get("namespace"),
+                meta.get("name"),
+                (time.perf_counter() - t_write) * 1000,
+            )
             aw = written
             self.record_transition(aw, plan, verdict)
         outcomes: dict[int, CreateOutcome] = {}
         # Deletes first (in their planned order: pods before components when forceful): they are
         # what a reset waits for, while events and announcements only describe it.
         for delete in [a for a in plan.actions if isinstance(a, _DELETES)]:
+            t_delete = time.perf_counter()
             await self.act(aw, delete, observed)
+            log.debug(
+                "%s/%s %s in %.0f ms",
+                meta.get("namespace"),
+                meta.get("name"),
+                type(delete).__name__,
+                (time.perf_counter() - t_delete) * 1000,
+            )
         for action in plan.actions:
             if isinstance(action, _DELETES):
                 continue
@@ -617,31 +643,13 @@ class Lifecycle:
                 except KubeApiError as exc:
                     if not exc.not_found:
                         log.warning("deleting %s %s/%s failed: %s", action.kind, namespace, action.name, exc)
-        elif isinstance(action, ForceDeletePods):
-            assert self.pods_ref is not None
+        elif isinstance(action, DeleteLeftoverPods | ForceDeletePods):
+            forced = isinstance(action, ForceDeletePods)
             with tracer.start_as_current_span(
-                "lifecycle.force_delete_pods", attributes={"pods": len(action.names)}
+                "lifecycle.force_delete_pods" if forced else "lifecycle.delete_leftover_pods",
+                attributes={"pods": len(action.names)},
             ):
-                seen_pods = (observed.pods if observed is not None else None) or ()
-                pod_uids = {p.name: p.uid for p in seen_pods}
-                limit = asyncio.Semaphore(16)  # a 64-pod workload: a few rounds, not 64 in a row
-
-                async def force_delete(pod: str) -> None:
-                    assert self.pods_ref is not None
-                    async with limit:
-                        try:
-                            await self.kube.delete(
-                                self.pods_ref,
-                                pod,
-                                action.namespace,
-                                grace_period_seconds=0,
-                                uid=pod_uids.get(pod) or None,
-                            )
-                        except KubeApiError as exc:
-                            if not exc.not_found:
-                                log.warning("force-deleting pod %s/%s failed: %s", action.namespace, pod, exc)
-
-                await asyncio.gather(*(force_delete(pod) for pod in action.names))
+                await self.delete_pods(action.namespace, action.names, observed, forced=forced)
         elif isinstance(action, EmitEvent):
             try:
                 await self.kube.create_event(
@@ -669,6 +677,35 @@ class Lifecycle:
                 event.phase,
                 f" ({event.reason}: {event.message})" if event.reason else "",
             )
+
+    async def delete_pods(
+        self, namespace: str, names: Sequence[str], observed: Observed | None, *, forced: bool
+    ) -> None:
+        """Delete pods by name, each with the uid seen in ``observed`` as a precondition (so a
+        namesake created since is left alone); grace period 0 when ``forced``."""
+        assert self.pods_ref is not None
+        pods_ref = self.pods_ref
+        seen_pods = (observed.pods if observed is not None else None) or ()
+        pod_uids = {p.name: p.uid for p in seen_pods}
+        limit = asyncio.Semaphore(16)  # a 64-pod workload: a few rounds, not 64 in a row
+
+        async def delete(pod: str) -> None:
+            async with limit:
+                try:
+                    await self.kube.delete(
+                        pods_ref,
+                        pod,
+                        namespace,
+                        grace_period_seconds=0 if forced else None,
+                        uid=pod_uids.get(pod) or None,
+                    )
+                except KubeApiError as exc:
+                    # Gone already (the garbage collector or another replica was first), or
+                    # replaced by a namesake (uid precondition): either way not ours to retry.
+                    if not (exc.not_found or exc.conflict):
+                        log.warning("deleting pod %s/%s failed: %s", namespace, pod, exc)
+
+        await asyncio.gather(*(delete(pod) for pod in names))
 
     async def create(self, action: CreateComponent, aw_uid: str) -> CreateOutcome:
         body = action.body

@@ -16,6 +16,7 @@ from services.lifecycle.actions import (
     CreateOutcome,
     CreateResult,
     DeleteComponent,
+    DeleteLeftoverPods,
     EmitEvent,
     ForceDeleteComponent,
     ForceDeletePods,
@@ -775,6 +776,27 @@ def resetting(now: datetime = T0, params: FaultTolerance = PARAMS) -> dict[str, 
     aw = running(now, params=params)
     v = verdict(at=now, first_unhealthy_at=now, attempt=ltt(aw, "ResourcesDeployed"))
     return apply(aw, reconcile(aw, present(1), v, params, now))
+
+
+def test_leftover_pods_are_deleted_gracefully_once_no_component_is_left() -> None:
+    aw = resetting()
+    pods = (ObservedPod("p0", "Running", terminating=True), ObservedPod("p1", "Running"))
+    now = T0 + timedelta(seconds=1)
+
+    # A component still being deleted could recreate its pods: they are left to it.
+    deleting = Observed(components=(ObservedComponent(Presence.DELETING, name="c0"),), pods=pods)
+    assert not of(reconcile(aw, deleting, None, PARAMS, now), DeleteLeftoverPods)
+
+    # Once it is gone, the pods not yet terminating are deleted, with their own grace period.
+    gone = Observed(components=(ObservedComponent(Presence.ABSENT, name="c0"),), pods=pods)
+    plan = reconcile(aw, gone, None, PARAMS, now)
+    assert of(plan, DeleteLeftoverPods) == [DeleteLeftoverPods(namespace="team", names=("p1",))]
+    assert not of(plan, ForceDeletePods), "not forceful before the grace period"
+    assert plan.phase == Phase.RESETTING, "still waiting for the pods to go"
+
+    # Only terminating pods left: nothing more to delete, just wait.
+    terminating = Observed(components=(ObservedComponent(Presence.ABSENT, name="c0"),), pods=pods[:1])
+    assert not of(reconcile(aw, terminating, None, PARAMS, now), DeleteLeftoverPods)
 
 
 def test_staged_deletion_escalates_to_grace_zero_pods_first_then_components() -> None:

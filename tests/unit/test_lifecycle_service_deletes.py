@@ -11,7 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.lifecycle.actions import DeleteComponent, ForceDeleteComponent, ForceDeletePods
+from services.lifecycle.actions import (
+    DeleteComponent,
+    DeleteLeftoverPods,
+    ForceDeleteComponent,
+    ForceDeletePods,
+)
 from services.lifecycle.observed import Observed, ObservedComponent, ObservedPod, Presence
 from services.lifecycle.service import Lifecycle
 from shared.kube import ResourceRef
@@ -91,8 +96,20 @@ async def test_forced_pod_deletes_carry_each_observed_pod_uid() -> None:
     )
     names = ("train-master-0", "train-worker-0", "train-worker-1")
     await svc.act(AW, ForceDeletePods(namespace="team", names=names), observed)
-    assert kube.deletes == [
+    assert sorted(kube.deletes, key=str) == [
         ("pods", "train-master-0", 0, "pod-uid-1"),
         ("pods", "train-worker-0", 0, "pod-uid-2"),
         ("pods", "train-worker-1", 0, None),
+    ]
+
+
+async def test_leftover_pods_are_deleted_with_their_own_grace_period_and_observed_uid() -> None:
+    kube = RecordingKube()
+    svc = service(kube)
+    observed = Observed(pods=(ObservedPod(name="train-worker-0", phase="Running", uid="pod-uid-2"),))
+    names = ("train-worker-0", "train-worker-1")
+    await svc.act(AW, DeleteLeftoverPods(namespace="team", names=names), observed)
+    assert sorted(kube.deletes, key=str) == [
+        ("pods", "train-worker-0", None, "pod-uid-2"),
+        ("pods", "train-worker-1", None, None),
     ]
