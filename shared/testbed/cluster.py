@@ -320,6 +320,7 @@ def up(
                 "--max-mutating-requests-inflight=1000",
                 "--profiling=false",
                 "--v=0",
+                *_audit_args(state_dir),
             ],
         )
         admin_ctx = _client_ctx(p, "admin")
@@ -501,3 +502,32 @@ def wait_for(
             return
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+AUDIT_ENV = "RESPAWN_TESTBED_AUDIT_DELETES"
+
+# Who deleted a pod or a wrapped object, when something deletes what it should not (e.g. a
+# recreated workload's fresh pods). Metadata level: user, verb, object and time only.
+_AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  verbs: [delete, deletecollection]
+- level: None
+"""
+
+
+def _audit_args(state_dir: Path) -> list[str]:
+    """API server flags for an audit log of every delete, when ``RESPAWN_TESTBED_AUDIT_DELETES``
+    is set (``logs/audit.log`` in the state directory); none otherwise, as the log costs I/O."""
+    if os.environ.get(AUDIT_ENV, "") in ("", "0", "false"):
+        return []
+    policy = state_dir / "audit-policy.yaml"
+    policy.write_text(_AUDIT_POLICY)
+    return [
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={state_dir / 'logs' / 'audit.log'}",
+        "--audit-log-format=json",
+        "--audit-log-maxsize=200",
+    ]
