@@ -221,7 +221,7 @@ class Lifecycle:
             self.enqueue(key)
             return
         started = utcnow()
-        use = await self.reconcile_key(key, verdict)
+        use = await self.reconcile_key(key, verdict, urgent=verdict.state == "Unhealthy")
         log.debug(
             "verdict %s/%s %s seq %d (decided %.0f ms before arrival): %s after %.0f ms",
             key[0],
@@ -289,7 +289,7 @@ class Lifecycle:
 
     # ------------------------------------------------------------------ reconcile
 
-    async def reconcile_key(self, key: Key, verdict: Verdict | None) -> VerdictUse:
+    async def reconcile_key(self, key: Key, verdict: Verdict | None, *, urgent: bool = False) -> VerdictUse:
         lock = self.locks.setdefault(key, asyncio.Lock())
         async with lock:
             # A verdict arrives inside its incident's trace (the bus continues the producer's
@@ -302,12 +302,15 @@ class Lifecycle:
                 context=parent,
                 attributes={"appwrapper.namespace": key[0], "appwrapper.name": key[1]},
             ):
-                return await self._reconcile(key, verdict)
+                return await self._reconcile(key, verdict, urgent=urgent)
 
-    async def _reconcile(self, key: Key, verdict: Verdict | None) -> VerdictUse:
+    async def _reconcile(self, key: Key, verdict: Verdict | None, *, urgent: bool = False) -> VerdictUse:
+        """Reconcile until the plan settles. ``urgent``: an Unhealthy verdict has just arrived,
+        so the first pass skips the pod LIST (see below)."""
         assert self.aw_ref is not None
         created: dict[int, CreateOutcome] = {}
         use = VerdictUse.NONE
+        first = True
         for _ in range(MAX_PASSES):
             t_read = time.perf_counter()
             try:
@@ -323,7 +326,14 @@ class Lifecycle:
             annotations = (aw.get("metadata") or {}).get("annotations") or {}
             params = effective_fault_tolerance(annotations, self.defaults).ft
             t_observe = time.perf_counter()
-            observed = await self.observe(aw, created)
+            # An arriving Unhealthy verdict's first pass decides without the pod LIST: the decision
+            # (reset or fail, then delete the components) does not depend on the pods, and the
+            # LIST is the slowest read on the way to the first delete. The machine treats
+            # unlisted pods as unknown (no PodsReady change, no "all gone" conclusion); the
+            # next pass, triggered by the deletion's observations, lists them.
+            skip_pods = urgent and first
+            first = False
+            observed = await self.observe(aw, created, pods=not skip_pods)
             t_decide = time.perf_counter()
             now = utcnow()
             plan = reconcile(aw, observed, verdict, params, now, hooks=self.hooks)
@@ -373,8 +383,11 @@ class Lifecycle:
         self.requeue_at(utcnow(), key)
         return use
 
-    async def observe(self, aw: Mapping[str, Any], created: Mapping[int, CreateOutcome]) -> Observed:
-        """Authoritative reads of every component and the labelled pods, issued concurrently."""
+    async def observe(
+        self, aw: Mapping[str, Any], created: Mapping[int, CreateOutcome], *, pods: bool = True
+    ) -> Observed:
+        """Authoritative reads of every component and (unless ``pods`` is False) the labelled
+        pods, issued concurrently."""
         meta = aw.get("metadata") or {}
         namespace, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
         spec_components = (aw.get("spec") or {}).get("components") or []
@@ -392,8 +405,10 @@ class Lifecycle:
             if index in created and created[index].name:
                 comp_name = created[index].name
             reads.append(self.observe_component(template, namespace, comp_name, uid))
-        components, pods = await asyncio.gather(asyncio.gather(*reads), self.observe_pods(namespace, name))
-        return Observed(components=tuple(components), pods=pods, created=dict(created))
+        if not pods:
+            return Observed(components=tuple(await asyncio.gather(*reads)), pods=None, created=dict(created))
+        components, listed = await asyncio.gather(asyncio.gather(*reads), self.observe_pods(namespace, name))
+        return Observed(components=tuple(components), pods=listed, created=dict(created))
 
     async def observe_pods(self, namespace: str, name: str) -> tuple[ObservedPod, ...] | None:
         assert self.pods_ref is not None
