@@ -467,24 +467,30 @@ class Consumer(Generic[M]):
                             for rest in msgs[index:]:
                                 await self._settle(rest.nak(), "nak")
                             break
-                        try:
-                            await self._process(msg)
-                        except Exception:  # a bug here must not end the loop
-                            log.exception(
-                                "consumer %s/%s: processing %s failed; it will be redelivered",
-                                self.stream,
-                                self.durable,
-                                msg.subject,
-                            )
-                            await self._settle(msg.nak(delay=1.0), "nak")
+                        await self._process_guarded(msg)
                 finally:
                     self._busy = False
         finally:
-            self._bound = False
-            psub, self._psub = self._psub, None
-            if psub is not None:
-                with contextlib.suppress(Exception):
-                    await psub.unsubscribe()
+            await self._unbind()
+
+    async def _process_guarded(self, msg: Any) -> None:
+        try:
+            await self._process(msg)
+        except Exception:  # a bug here must not end the loop
+            log.exception(
+                "consumer %s/%s: processing %s failed; it will be redelivered",
+                self.stream,
+                self.durable,
+                msg.subject,
+            )
+            await self._settle(msg.nak(delay=1.0), "nak")
+
+    async def _unbind(self) -> None:
+        self._bound = False
+        psub, self._psub = self._psub, None
+        if psub is not None:
+            with contextlib.suppress(Exception):
+                await psub.unsubscribe()
 
     async def _run_keyed(self) -> None:
         """Handle messages of different subjects concurrently, those of one subject in order.
@@ -505,16 +511,7 @@ class Consumer(Generic[M]):
                     # Hand it back at once instead of letting its ack wait run out.
                     await self._settle(msg.nak(), "nak")
                     return
-                try:
-                    await self._process(msg)
-                except Exception:  # a bug here must not end the loop
-                    log.exception(
-                        "consumer %s/%s: processing %s failed; it will be redelivered",
-                        self.stream,
-                        self.durable,
-                        msg.subject,
-                    )
-                    await self._settle(msg.nak(delay=1.0), "nak")
+                await self._process_guarded(msg)
             finally:
                 slots.release()
 
@@ -541,11 +538,7 @@ class Consumer(Generic[M]):
             if self._inflight:
                 # Let handlers that already started finish (stop() bounds how long).
                 await asyncio.wait(set(self._inflight))
-            self._bound = False
-            psub, self._psub = self._psub, None
-            if psub is not None:
-                with contextlib.suppress(Exception):
-                    await psub.unsubscribe()
+            await self._unbind()
 
     async def _next_batch(self, size: int | None = None) -> list[Any]:
         """One fetch of up to ``size`` messages (default: the batch size), (re)binding first

@@ -80,6 +80,10 @@ def verdict(name: str, *, seq: int = 0) -> Verdict:
     )
 
 
+async def ignore(msg: Verdict, delivery: Delivery) -> None:
+    """A handler that accepts every message."""
+
+
 def metric(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
@@ -278,16 +282,13 @@ async def test_keyed_concurrency_overlaps_subjects_and_keeps_each_subject_in_ord
 
 
 async def test_concurrency_below_one_is_refused(bus: Bus) -> None:
-    async def handler(msg: Verdict, delivery: Delivery) -> None:
-        return None
-
     with pytest.raises(ValueError, match="concurrency must be at least 1"):
         await bus.consume(
             subjects.VERDICTS_STREAM,
             f"t_{uid()}",
             subjects.verdict("x", uid()),
             Verdict,
-            handler,
+            ignore,
             concurrency=0,
         )
 
@@ -386,15 +387,12 @@ async def test_handler_crash_is_retried_then_dead_lettered_when_deliveries_run_o
 
 
 async def test_stop_is_prompt_and_readiness_follows(bus: Bus) -> None:
-    async def handler(msg: Verdict, delivery: Delivery) -> None:
-        return None
-
     consumer = await bus.consume(
         subjects.VERDICTS_STREAM,
         f"t_{uid()}",
         subjects.verdict("stop", uid()),
         Verdict,
-        handler,
+        ignore,
         fetch_timeout=5.0,
     )
     await eventually(bus.ready, what="the consumer to bind")
