@@ -1462,7 +1462,17 @@ def _mix(text: str) -> tuple[tuple[str, float], ...]:
         kind, _, weight = part.partition("=")
         if kind.strip() not in FAULT_KINDS:
             raise argparse.ArgumentTypeError(f"unknown fault kind {kind!r}; use {', '.join(FAULT_KINDS)}")
-        out.append((kind.strip(), float(weight or 1)))
+        try:
+            value = float(weight or 1)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"weight of {kind.strip()!r} is not a number: {weight!r}"
+            ) from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"weight of {kind.strip()!r} is negative: {weight}")
+        out.append((kind.strip(), value))
+    if not any(w > 0 for _, w in out):
+        raise argparse.ArgumentTypeError("at least one fault kind needs a weight above 0")
     return tuple(out)
 
 

@@ -823,7 +823,13 @@ def test_mix_refuses_unknown_kinds(text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "message"), [("crash", "unknown fault kind"), ("evict=lots", "invalid _mix")]
+    ("value", "message"),
+    [
+        ("crash", "unknown fault kind"),
+        ("evict=lots", "weight of 'evict' is not a number"),
+        ("evict=-1,pod-failure=2", "weight of 'evict' is negative"),
+        ("evict=0,pod-failure=0", "at least one fault kind needs a weight above 0"),
+    ],
 )
 def test_a_bad_mix_on_the_command_line_is_a_usage_error(
     value: str, message: str, capsys: pytest.CaptureFixture[str]
