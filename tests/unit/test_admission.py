@@ -20,7 +20,6 @@ from services.lifecycle.admission import (
     AccessResult,
     AdmissionRequest,
     ReviewError,
-    UserInfo,
     access_checks,
     mutate,
     parse_review,
@@ -30,10 +29,8 @@ from services.lifecycle.admission import (
     validate,
     validation_response,
 )
-from services.lifecycle.webhook import KubeAuthorizer, ServingCert, make_app, parse_options
+from services.lifecycle.webhook import ServingCert, make_app, parse_options
 from shared.appwrapper.constants import QUEUE_NAME_LABEL, USER_ID_LABEL, USER_LABEL
-from shared.kube import KubeApiError
-from shared.kube.client import ResourceRef
 
 NS = "team-a"
 ALICE = {
@@ -608,58 +605,6 @@ async def test_http_authorizer_crash_is_a_refusal() -> None:
         ]
         assert answer["allowed"] is False
         assert answer["status"]["code"] == 500
-
-
-# ---------------------------------------------------------------------------------------------
-# KubeAuthorizer against a fake API
-
-
-class FakeKube:
-    def __init__(
-        self, *, served: bool = True, allowed: bool = True, fail: KubeApiError | None = None
-    ) -> None:
-        self.served, self.allowed, self.fail = served, allowed, fail
-        self.posted: list[tuple[str, str, Any]] = []
-
-    async def resource(self, api_version: str, kind: str) -> ResourceRef:
-        if not self.served:
-            raise KubeApiError(404, "NotFound", f"kind {kind} is not served")
-        return ResourceRef("apps", "v1", "deployments", kind, True)
-
-    async def request(self, method: str, path: str, *, body: Any = None, **_: Any) -> dict[str, Any]:
-        if self.fail is not None:
-            raise self.fail
-        self.posted.append((method, path, body))
-        return {"status": {"allowed": self.allowed}}
-
-
-def deployment_check() -> AccessCheck:
-    return AccessCheck("apps/v1", "Deployment", NS, UserInfo(username="alice"))
-
-
-async def test_kube_authorizer_posts_a_review_for_the_discovered_resource() -> None:
-    kube = FakeKube(allowed=False)
-    result = await KubeAuthorizer(kube)(deployment_check())  # type: ignore[arg-type]
-    assert result == AccessResult(False)
-    ((method, path, body),) = kube.posted
-    assert (method, path) == ("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews")
-    assert body["spec"]["resourceAttributes"]["resource"] == "deployments"
-    assert body["spec"]["user"] == "alice"
-    assert (await KubeAuthorizer(FakeKube(allowed=True))(deployment_check())).allowed  # type: ignore[arg-type]
-
-
-async def test_kube_authorizer_asks_about_every_resource_for_unserved_kinds() -> None:
-    kube = FakeKube(served=False)
-    await KubeAuthorizer(kube)(AccessCheck("example.com/v1", "Widget", NS, UserInfo("alice")))  # type: ignore[arg-type]
-    attrs = kube.posted[0][2]["spec"]["resourceAttributes"]
-    assert (attrs["group"], attrs["version"], attrs["resource"]) == ("example.com", "v1", "*")
-
-
-async def test_kube_authorizer_reports_api_failures_as_errors() -> None:
-    kube = FakeKube(fail=KubeApiError(503, "ServiceUnavailable", "down"))
-    result = await KubeAuthorizer(kube)(deployment_check())  # type: ignore[arg-type]
-    assert not result.allowed
-    assert "503" in result.error
 
 
 # ---------------------------------------------------------------------------------------------
