@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import statistics
+import time
 from dataclasses import dataclass
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -66,9 +68,6 @@ async def settle(
     seconds (set-up work such as reconciling freshly started pods has drained); returns the
     seconds waited. Measuring before that would time the tail of the set-up, not the system
     at steady state."""
-    import asyncio
-    import time
-
     started = time.monotonic()
     while time.monotonic() - started < limit:
         before = {name: usage(pid).cpu_seconds for name, pid in pids.items()}

@@ -46,6 +46,7 @@ from services.lifecycle.actions import (
 from services.lifecycle.hooks import hooks_for
 from services.lifecycle.machine import FinalizerChange, Plan, reconcile
 from services.lifecycle.observed import Observed, ObservedComponent, ObservedPod, Presence
+from services.lifecycle.podcache import PodCache
 from services.lifecycle.templating import PodTemplateHook
 from services.lifecycle.verdicts import VerdictUse
 from shared import metrics, subjects
@@ -55,7 +56,7 @@ from shared.appwrapper.podsets import component_pod_sets, get_at_path
 from shared.bus import Delivery, TransientError
 from shared.faulttolerance import FaultTolerance
 from shared.kube import Kube, KubeApiError, ResourceRef
-from shared.messages import AnyObservation, AppWrapperObservation, Message, Verdict
+from shared.messages import AnyObservation, AppWrapperObservation, Message, PodObservation, Verdict
 from shared.runtime import Runtime, entry
 
 log = logging.getLogger(__name__)
@@ -192,6 +193,8 @@ class Lifecycle:
         self.timers: list[tuple[datetime, Key]] = []
         self.debounced: set[Key] = set()
         self.wake = asyncio.Event()
+        # Pod changes trigger reconciles exactly as pod observations on the bus do.
+        self.pod_cache = PodCache(on_change=self.debounce)
         settings = rt.config.lifecycle
         self.resync_seconds = settings.resync_period.total_seconds()
         self.workers = settings.workers
@@ -237,10 +240,20 @@ class Lifecycle:
             raise TransientError(f"verdict for {key[0]}/{key[1]} held", delay=1.0)
 
     async def on_observation(self, message: Message, delivery: Delivery) -> None:
+        if isinstance(message, PodObservation) and self.pod_cache.synced:
+            # The pod cache's own watch triggers the same reconcile, after the cache has the
+            # change (a trigger from the bus could arrive first and read the cache stale).
+            return
         key = key_of(message)
-        if key is not None and key[1] and key not in self.debounced:
-            # Observations come in bursts (a Job's pods start or go away together): reconcile
-            # once a short moment after the first, not once per pod.
+        if key is not None and key[1]:
+            self.debounce(key)
+
+    def debounce(self, key: Key) -> None:
+        """Reconcile ``key`` a short moment from now, once however many triggers arrive.
+
+        Observations come in bursts (a Job's pods start or go away together): reconcile once a
+        short moment after the first, not once per pod."""
+        if key not in self.debounced:
             self.debounced.add(key)
             self.requeue_at(utcnow() + OBSERVATION_DEBOUNCE, key)
 
@@ -310,8 +323,7 @@ class Lifecycle:
         assert self.aw_ref is not None
         created: dict[int, CreateOutcome] = {}
         use = VerdictUse.NONE
-        first = True
-        for _ in range(MAX_PASSES):
+        for passes in range(MAX_PASSES):
             t_read = time.perf_counter()
             try:
                 aw = await self.kube.get(self.aw_ref, key[1], key[0])
@@ -331,9 +343,7 @@ class Lifecycle:
             # LIST is the slowest read on the way to the first delete. The machine treats
             # unlisted pods as unknown (no PodsReady change, no "all gone" conclusion); the
             # next pass, triggered by the deletion's observations, lists them.
-            skip_pods = urgent and first
-            first = False
-            observed = await self.observe(aw, created, pods=not skip_pods)
+            observed = await self.observe(aw, created, pods=not (urgent and passes == 0))
             t_decide = time.perf_counter()
             now = utcnow()
             plan = reconcile(aw, observed, verdict, params, now, hooks=self.hooks)
@@ -411,7 +421,12 @@ class Lifecycle:
         return Observed(components=tuple(components), pods=listed, created=dict(created))
 
     async def observe_pods(self, namespace: str, name: str) -> tuple[ObservedPod, ...] | None:
+        """The AppWrapper's pods: from the pod cache, or a LIST where the cache cannot answer
+        (before it has synced, and whenever the answer would be "none": see PodCache)."""
         assert self.pods_ref is not None
+        cached = self.pod_cache.pods(namespace, name)
+        if cached is not None:
+            return cached
         try:
             listing = await self.kube.list(
                 self.pods_ref, namespace, labelSelector=f"{APPWRAPPER_LABEL}={name}"
@@ -773,6 +788,9 @@ class Lifecycle:
         ]
         tasks.append(asyncio.create_task(self.timer(), name="lifecycle-timers"))
         tasks.append(asyncio.create_task(self.resync(), name="lifecycle-resync"))
+        tasks.append(
+            asyncio.create_task(self.pod_cache.run(self.kube, self.pods_ref), name="lifecycle-pod-cache")
+        )
         verdicts = await self.rt.bus.consume(
             subjects.VERDICTS_STREAM,
             "lifecycle-verdicts",

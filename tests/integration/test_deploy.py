@@ -499,6 +499,7 @@ def test_lifecycle_may_manage_appwrappers_and_their_resources_and_nothing_else(
         ("update", f"{APPWRAPPERS}/status"),
         ("update", f"{APPWRAPPERS}/finalizers"),
         ("list", "pods"),
+        ("watch", "pods"),
         ("delete", "pods"),
         ("list", "nodes"),
         ("create", "events"),

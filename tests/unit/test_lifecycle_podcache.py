@@ -1,0 +1,103 @@
+"""The lifecycle pod cache: what it answers, what it refuses to answer, what it triggers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.lifecycle.observed import ObservedPod
+from services.lifecycle.podcache import PodCache
+from shared.appwrapper.constants import APPWRAPPER_LABEL
+from shared.kube.watch import WatchEvent
+
+
+def pod(
+    name: str, aw: str | None, phase: str = "Running", *, ns: str = "team", **meta: Any
+) -> dict[str, Any]:
+    labels = {APPWRAPPER_LABEL: aw} if aw is not None else {}
+    return {
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "labels": labels, **meta},
+        "status": {"phase": phase},
+    }
+
+
+def synced(triggers: list[tuple[str, str]] | None = None, *events: WatchEvent) -> PodCache:
+    cache = PodCache(on_change=None if triggers is None else triggers.append)
+    for event in events:
+        cache.apply(event)
+    cache.apply(WatchEvent("SYNCED", {}))
+    return cache
+
+
+def test_nothing_is_answered_before_the_initial_list_has_synced() -> None:
+    cache = PodCache()
+    cache.apply(WatchEvent("ADDED", pod("a-0", "a")))
+    assert cache.pods("team", "a") is None
+    cache.apply(WatchEvent("SYNCED", {}))
+    assert cache.pods("team", "a") == (ObservedPod(name="a-0", phase="Running", uid="uid-a-0"),)
+
+
+def test_pods_are_indexed_by_namespace_and_appwrapper_label() -> None:
+    cache = synced(
+        None,
+        WatchEvent("ADDED", pod("a-1", "a", "Pending")),
+        WatchEvent("ADDED", pod("a-0", "a")),
+        WatchEvent("ADDED", pod("b-0", "b")),
+        WatchEvent("ADDED", pod("a-0", "a", ns="other")),
+        WatchEvent("ADDED", pod("loose", None)),
+    )
+    assert [p.name for p in cache.pods("team", "a") or ()] == ["a-0", "a-1"]
+    assert [p.phase for p in cache.pods("team", "a") or ()] == ["Running", "Pending"]
+    assert [p.name for p in cache.pods("team", "b") or ()] == ["b-0"]
+    assert [p.name for p in cache.pods("other", "a") or ()] == ["a-0"]
+    assert len(cache) == 4  # the unlabelled pod is not kept
+
+
+def test_no_pods_is_never_answered_from_the_cache() -> None:
+    """An empty answer would let a reset recreate or quota be released on a lagging view."""
+    cache = synced(None, WatchEvent("ADDED", pod("a-0", "a")))
+    assert cache.pods("team", "unknown") is None
+    cache.apply(WatchEvent("DELETED", pod("a-0", "a")))
+    assert cache.pods("team", "a") is None
+
+
+def test_terminating_and_phase_changes_are_followed() -> None:
+    cache = synced(None, WatchEvent("ADDED", pod("a-0", "a")))
+    cache.apply(WatchEvent("MODIFIED", pod("a-0", "a", deletionTimestamp="2026-01-01T00:00:00Z")))
+    assert cache.pods("team", "a") == (
+        ObservedPod(name="a-0", phase="Running", terminating=True, uid="uid-a-0"),
+    )
+    cache.apply(WatchEvent("MODIFIED", pod("a-0", "a", "Failed")))
+    assert [p.phase for p in cache.pods("team", "a") or ()] == ["Failed"]
+
+
+def test_a_relabelled_pod_moves_and_both_appwrappers_are_triggered() -> None:
+    triggers: list[tuple[str, str]] = []
+    cache = synced(triggers, WatchEvent("ADDED", pod("x", "a")), WatchEvent("ADDED", pod("y", "a")))
+    cache.apply(WatchEvent("MODIFIED", pod("x", "b")))
+    assert [p.name for p in cache.pods("team", "a") or ()] == ["y"]
+    assert [p.name for p in cache.pods("team", "b") or ()] == ["x"]
+    assert sorted(triggers) == [("team", "a"), ("team", "b")]
+    cache.apply(WatchEvent("MODIFIED", pod("y", None)))
+    assert cache.pods("team", "a") is None
+    assert triggers[-1] == ("team", "a")
+
+
+def test_changes_trigger_a_reconcile_but_the_initial_list_and_no_op_updates_do_not() -> None:
+    triggers: list[tuple[str, str]] = []
+    cache = synced(triggers, WatchEvent("ADDED", pod("a-0", "a")))
+    assert triggers == []  # the initial list: the service's first resync covers it
+    cache.apply(WatchEvent("MODIFIED", pod("a-0", "a")))  # e.g. only an annotation changed
+    assert triggers == []
+    cache.apply(WatchEvent("MODIFIED", pod("a-0", "a", "Failed")))
+    cache.apply(WatchEvent("DELETED", pod("a-0", "a", "Failed")))
+    cache.apply(WatchEvent("ADDED", pod("a-0", "a", "Pending")))
+    assert triggers == [("team", "a")] * 3
+
+
+def test_a_relist_after_the_watch_expired_keeps_answering_and_drops_what_vanished() -> None:
+    cache = synced(None, WatchEvent("ADDED", pod("a-0", "a")), WatchEvent("ADDED", pod("a-1", "a")))
+    # list_then_watch's re-list: every live object again, DELETED for the vanished, SYNCED.
+    cache.apply(WatchEvent("MODIFIED", pod("a-0", "a", "Succeeded")))
+    cache.apply(WatchEvent("DELETED", pod("a-1", "a")))
+    cache.apply(WatchEvent("SYNCED", {}))
+    assert cache.pods("team", "a") == (ObservedPod(name="a-0", phase="Succeeded", uid="uid-a-0"),)
