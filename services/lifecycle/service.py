@@ -56,6 +56,7 @@ from shared.appwrapper.podsets import component_pod_sets, get_at_path
 from shared.bus import Delivery, TransientError
 from shared.faulttolerance import FaultTolerance
 from shared.kube import Kube, KubeApiError, ResourceRef
+from shared.kube.watch import list_pages
 from shared.messages import AnyObservation, AppWrapperObservation, Message, PodObservation, Verdict
 from shared.runtime import Runtime, entry
 
@@ -291,11 +292,13 @@ class Lifecycle:
         assert self.aw_ref is not None
         while True:
             try:
-                listing = await self.kube.list(self.aw_ref)
-                for aw in listing.get("items", []):
-                    if needs_attention(aw):
-                        meta = aw.get("metadata", {})
-                        self.enqueue((meta.get("namespace", ""), meta.get("name", "")))
+                # Page by page: a LIST of 10,000 whole AppWrappers (templates included) parsed at
+                # once would set the process's peak memory every period.
+                async for page, _ in list_pages(self.kube, self.aw_ref):
+                    for aw in page:
+                        if needs_attention(aw):
+                            meta = aw.get("metadata", {})
+                            self.enqueue((meta.get("namespace", ""), meta.get("name", "")))
             except KubeApiError as exc:
                 log.warning("resync list failed: %s", exc)
             await asyncio.sleep(self.resync_seconds)

@@ -89,7 +89,7 @@ async def list_then_watch(
                 # Page by page: a re-list of thousands of pods never sits in memory whole.
                 current: dict[tuple[str, str], dict[str, Any]] = {}
                 resource_version = ""
-                async for page, page_version in _pages(kube, ref, namespace, label_selector, page_size):
+                async for page, page_version in list_pages(kube, ref, namespace, label_selector, page_size):
                     resource_version = page_version  # the list's snapshot; the watch resumes from it
                     for obj in page:
                         current[_key(obj)] = _slim(obj)
@@ -148,8 +148,12 @@ async def list_then_watch(
             await asyncio.sleep(delay)
 
 
-async def _pages(
-    kube: Kube, ref: ResourceRef, namespace: str | None, label_selector: str | None, page_size: int
+async def list_pages(
+    kube: Kube,
+    ref: ResourceRef,
+    namespace: str | None = None,
+    label_selector: str | None = None,
+    page_size: int = 500,
 ) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
     """The pages of a paginated LIST, each with the list's resourceVersion (set on the last)."""
     cont = ""
