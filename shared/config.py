@@ -110,6 +110,8 @@ class FaultToleranceConfig(_Section):
     )
     grace_period_ceiling: Duration = timedelta(hours=24)
     success_ttl: Duration = Field(default=timedelta(days=7), alias="successTTLCeiling")
+    # Respawn addition, no upstream equivalent: see FaultTolerance.recreate_delay.
+    recreate_delay: Duration = timedelta(seconds=2)
 
     @model_validator(mode="after")
     def _consistent(self) -> FaultToleranceConfig:
@@ -151,6 +153,7 @@ class FaultToleranceConfig(_Section):
             forceful_deletion_grace=self.forceful_deletion_grace_period,
             success_ttl=self.success_ttl,
             grace_period_maximum=self.grace_period_ceiling,
+            recreate_delay=self.recreate_delay,
         )
 
 
@@ -161,6 +164,7 @@ _CAPPED: Final = (
     "retry_pause_period",
     "deletion_on_failure_grace_period",
     "forceful_deletion_grace_period",
+    "recreate_delay",
 )
 
 

@@ -21,5 +21,9 @@ class FaultTolerance:
     deletion_on_failure_grace: timedelta = timedelta(0)
     forceful_deletion_grace: timedelta = timedelta(minutes=10)
     success_ttl: timedelta = timedelta(days=7)
+    # Respawn addition (operator-level only): the least time between a reset's deletion being
+    # complete and the components being created again under the same names, whatever the
+    # retry pause. See docs/configuration.md (faultTolerance.recreateDelay).
+    recreate_delay: timedelta = timedelta(seconds=2)
     # Upper bound on every grace period, including ones set by annotations.
     grace_period_maximum: timedelta = timedelta(hours=24)

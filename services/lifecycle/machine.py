@@ -739,6 +739,13 @@ class _Reconciliation:
         else:
             marked = self._since(ConditionType.RESOURCES_DEPLOYED)
         deadline = marked + self.params.retry_pause
+        # Never recreate the components the moment the old ones are gone, whatever the pause:
+        # controllers that work from a cache (the Kubeflow training operator) lag behind the
+        # deletion by up to a second or so under load, and can still act on the deleted object
+        # (creating pods owned by it, which the garbage collector then deletes under the new
+        # attempt's names) when a namesake is created that soon. Counted from ResourcesDeployed
+        # turning False, i.e. from when the last pod and component were seen gone.
+        deadline = max(deadline, self._since(ConditionType.RESOURCES_DEPLOYED) + self.params.recreate_delay)
         if self.now < deadline:
             self._requeue(deadline)
             return False

@@ -213,7 +213,8 @@ def test_every_leaf_key_has_an_environment_variable() -> None:
     assert names["RESPAWN_AUTOPILOT_PREFER_NO_SCHEDULE_WEIGHT"] == "autopilot.preferNoScheduleWeight"
     assert names["RESPAWN_NATS_URL"] == "nats.url"
     assert names["RESPAWN_LIFECYCLE_VERDICT_CONCURRENCY"] == "lifecycle.verdictConcurrency"
-    assert len(names) == 23
+    assert names["RESPAWN_FAULT_TOLERANCE_RECREATE_DELAY"] == "faultTolerance.recreateDelay"
+    assert len(names) == 24
     assert len(set(names.values())) == len(names)
 
 

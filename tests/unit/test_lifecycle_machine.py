@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -610,11 +611,10 @@ def test_autopilot_migration_resets_without_counting_and_is_not_applied_twice() 
     assert "not counted toward the retry limit" in dict(k8s_events(plan))["Resetting"]
     # Reset completes; the workload is recreated and Running again with the same count.
     aw = apply(aw, reconcile(aw, gone(1), None, PARAMS, T0 + timedelta(minutes=3)))
-    plan = reconcile(aw, Observed(), None, PARAMS, T0 + timedelta(minutes=3))
+    resume = T0 + timedelta(minutes=3) + PARAMS.recreate_delay
+    plan = reconcile(aw, Observed(), None, PARAMS, resume)
     aw = apply(aw, plan)
-    aw = apply(
-        aw, reconcile(aw, Observed(created=outcomes_for(plan)), None, PARAMS, T0 + timedelta(minutes=3))
-    )
+    aw = apply(aw, reconcile(aw, Observed(created=outcomes_for(plan)), None, PARAMS, resume))
     assert aw["status"]["phase"] == Phase.RUNNING
     # The migration verdict comes again (redelivery, or a slow second instance): old attempt.
     plan = reconcile(aw, present(1), v, PARAMS, T0 + timedelta(minutes=4))
@@ -873,7 +873,10 @@ def test_retry_pause_is_measured_from_when_the_workload_was_marked_unhealthy() -
     aw = resetting()
     # Deletion finished after the pause had already run out: resume at once.
     late = T0 + PARAMS.retry_pause + timedelta(seconds=30)
-    plan = reconcile(aw, gone(1), None, PARAMS, late)
+    aw = apply(aw, reconcile(aw, gone(1), None, PARAMS, late))
+    # ... once the recreate delay has passed since the deletion completed.
+    late += PARAMS.recreate_delay
+    plan = reconcile(aw, Observed(), None, PARAMS, late)
     new = apply(aw, plan)
     assert plan.phase == Phase.RESUMING
     deployed = cond(new, "ResourcesDeployed")
@@ -888,6 +891,30 @@ def test_retry_pause_is_measured_from_when_the_workload_was_marked_unhealthy() -
     assert LifecycleEventType.RESET_FINISHED in lifecycle_events(plan)
     assert [c.index for c in of(plan, CreateComponent)] == [0]
     assert plan.finalizer is None, "the finalizer is already there"
+
+
+def test_components_are_not_recreated_sooner_than_the_recreate_delay_after_deletion() -> None:
+    """Even with no retry pause left, the old attempt's namesakes stay gone for a moment, so
+    controllers working from a lagging cache see the deletion before the new object appears."""
+    params = dataclasses.replace(PARAMS, retry_pause=timedelta(0), recreate_delay=timedelta(seconds=3))
+    aw = resetting(T0, params)
+    done = T0 + timedelta(seconds=5)
+    plan = reconcile(aw, gone(1), None, params, done)
+    aw = apply(aw, plan)
+    assert plan.phase == Phase.RESETTING
+    assert cond(aw, "ResourcesDeployed")["status"] == "False"
+    assert plan.requeue_at == done + timedelta(seconds=3)
+    assert not of(plan, CreateComponent)
+    plan = reconcile(aw, Observed(), None, params, done + timedelta(seconds=2, milliseconds=999))
+    assert plan.phase == Phase.RESETTING and not of(plan, CreateComponent)
+    assert plan.requeue_at == done + timedelta(seconds=3)
+    plan = reconcile(aw, Observed(), None, params, done + timedelta(seconds=3))
+    assert plan.phase == Phase.RESUMING
+    assert [c.index for c in of(plan, CreateComponent)] == [0]
+    # A delay of 0 recreates in the pass that finds everything gone, as upstream would.
+    params = dataclasses.replace(params, recreate_delay=timedelta(0))
+    plan = reconcile(resetting(T0, params), gone(1), None, params, done)
+    assert plan.phase == Phase.RESUMING
 
 
 def test_the_pause_survives_a_restart_because_it_is_read_from_the_status() -> None:
@@ -1013,11 +1040,10 @@ def test_deletion_on_failure_window_starts_when_failed_even_after_an_earlier_res
     params = FaultTolerance(deletion_on_failure_grace=timedelta(minutes=10), retry_pause=timedelta(0))
     aw = resetting(T0, params)
     aw = apply(aw, reconcile(aw, gone(1), None, params, T0 + timedelta(seconds=10)))
-    plan = reconcile(aw, Observed(), None, params, T0 + timedelta(seconds=10))
+    resume = T0 + timedelta(seconds=10) + params.recreate_delay
+    plan = reconcile(aw, Observed(), None, params, resume)
     aw = apply(aw, plan)
-    aw = apply(
-        aw, reconcile(aw, Observed(created=outcomes_for(plan)), None, params, T0 + timedelta(seconds=10))
-    )
+    aw = apply(aw, reconcile(aw, Observed(created=outcomes_for(plan)), None, params, resume))
     assert cond(aw, "DeletingResources")["reason"] == "DeletionComplete"
     fail_at = T0 + timedelta(hours=2)
     aw = apply(aw, reconcile(aw, present(1), verdict(count=1, terminal=True, at=fail_at), params, fail_at))
