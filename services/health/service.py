@@ -22,7 +22,8 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 
 from services.health.rules import evaluate
-from services.health.state import AppWrapperHealth, apply, remember_published
+from services.health.state import AppWrapperHealth, affected_by, apply, remember_published
+from services.health.view import as_utc
 from shared import metrics, subjects
 from shared.bus import Delivery, replay_consumer_name
 from shared.messages import (
@@ -188,10 +189,13 @@ class HealthService:
             self.catch_up()
 
     async def on_node_verdict(self, message: NodeVerdict, delivery: Delivery) -> None:
+        previous = self.node_verdicts.get(message.resource)
+        if previous is not None and as_utc(previous.decided_at) > as_utc(message.decided_at):
+            return  # an older decision delivered late (the states ignore it too)
         self.node_verdicts[message.resource] = message
         for key, state in list(self.states.items()):
             self.states[key] = apply(state, message)
-            if self.caught_up:
+            if self.caught_up and affected_by(state, previous, message):
                 self.mark_dirty(key)
 
     def catch_up(self) -> None:

@@ -31,6 +31,7 @@ __all__ = [
     "ComponentRecord",
     "Observation",
     "PodRecord",
+    "affected_by",
     "apply",
     "remember_published",
 ]
@@ -196,6 +197,19 @@ def apply(state: AppWrapperHealth, observation: Observation) -> AppWrapperHealth
     if isinstance(observation, PodObservation):
         return _apply_pod(state, observation)
     return _apply_component(state, observation)
+
+
+def affected_by(state: AppWrapperHealth, previous: NodeVerdict | None, current: NodeVerdict) -> bool:
+    """Whether a new node verdict can change this AppWrapper's health.
+
+    Only NoExecute decides verdicts, and only for pods that use the resource on a node that
+    entered or left the NoExecute set: judging every tracked AppWrapper again on every node
+    label change would cost O(AppWrappers) evaluations for what usually concerns a handful.
+    """
+    changed = set(current.no_execute).symmetric_difference(previous.no_execute if previous else ())
+    if not changed:
+        return False
+    return any(pod.node_name in changed and current.resource in pod.resources for pod in state.pods.values())
 
 
 def remember_published(state: AppWrapperHealth, verdict: Verdict) -> AppWrapperHealth:

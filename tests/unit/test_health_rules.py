@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from services.health.rules import REASON_APPWRAPPER_DELETED, Decision, evaluate, verdict_msg_id
-from services.health.state import AppWrapperHealth, Observation, apply, remember_published
+from services.health.state import AppWrapperHealth, Observation, affected_by, apply, remember_published
 from shared.appwrapper.constants import CONTROLLER_NAME
 from shared.appwrapper.model import format_kube_time
 from shared.appwrapper.params import (
@@ -793,3 +793,34 @@ def test_the_state_is_not_mutated_by_evaluate() -> None:
     evaluate(state, T0 + MIN)
     assert state == snapshot
     assert state.last_verdict is None
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "pods", "affected"),
+    [
+        (None, ["node-1"], running("p0", resources=[GPU]), True),  # its node entered NoExecute
+        (["node-1"], [], running("p0", resources=[GPU]), True),  # and left it
+        (None, ["node-2"], running("p0", resources=[GPU]), False),  # another node
+        (["node-1"], ["node-1", "node-2"], running("p0", resources=[GPU]), False),  # its node unchanged
+        (None, ["node-1"], running("p0"), False),  # its pods do not use the resource
+        (["node-1"], ["node-1"], running("p0", resources=[GPU]), False),  # nothing changed
+        (None, ["node-1"], [pod("p0", "Pending", resources=[GPU])], True),  # may run there next
+    ],
+)
+def test_a_node_verdict_affects_only_appwrappers_with_pods_on_nodes_whose_state_changed(
+    before: list[str] | None, after: list[str], pods: list[PodObservation], affected: bool
+) -> None:
+    """The service judges only these again; every other AppWrapper's verdict cannot change."""
+    previous = None if before is None else node_verdict(before, decided_at=T0)
+    current = node_verdict(after, decided_at=T0 + MIN)
+    state = fold([aw_obs(), *pods, *([previous] if previous else [])])
+    assert affected_by(state, previous, current) is affected
+    if not affected:
+        # The claim behind skipping them: judging them again would reach the same verdict
+        # (for one already unhealthy there, only the time of the newer node decision differs).
+        def judged(observations: list[Observation]) -> tuple[object, ...]:
+            v = verdict_of(observations, T0 + 2 * MIN)
+            return v.state, v.reason, v.nodes, v.counts_toward_retry, v.terminal
+
+        known: list[Observation] = [aw_obs(), *pods, *([previous] if previous else [])]
+        assert judged(known) == judged([*known, current])
