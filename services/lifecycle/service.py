@@ -341,12 +341,14 @@ class Lifecycle:
             annotations = (aw.get("metadata") or {}).get("annotations") or {}
             params = effective_fault_tolerance(annotations, self.defaults).ft
             t_observe = time.perf_counter()
-            # An arriving Unhealthy verdict's first pass decides without the pod LIST: the decision
-            # (reset or fail, then delete the components) does not depend on the pods, and the
-            # LIST is the slowest read on the way to the first delete. The machine treats
-            # unlisted pods as unknown (no PodsReady change, no "all gone" conclusion); the
-            # next pass, triggered by the deletion's observations, lists them.
-            observed = await self.observe(aw, created, pods=not (urgent and passes == 0))
+            # An arriving Unhealthy verdict's first pass decides from the AppWrapper alone: the
+            # decision (reset or fail, then delete the components it records) depends neither on
+            # the pods nor on reading the components, and every read is a round trip on the way
+            # to the Unhealthy status and the first delete. The machine treats what was not read
+            # as unknown (no PodsReady change, no "all gone" conclusion, no missing component);
+            # later passes, triggered by the deletion's observations, read everything.
+            quick = urgent and passes == 0
+            observed = await self.observe(aw, created, pods=not quick, components=not quick)
             t_decide = time.perf_counter()
             now = utcnow()
             plan = reconcile(aw, observed, verdict, params, now, hooks=self.hooks)
@@ -373,6 +375,11 @@ class Lifecycle:
             if plan.empty:
                 RECONCILES.labels(outcome="idle").inc()
                 return use
+            if quick and plan.status is None:
+                # Nothing to write (e.g. a redelivered verdict of a reset under way): then the
+                # deletes are not guarded by the status write's resourceVersion and must carry
+                # the uids of what they delete, so decide again from a full read.
+                continue
             try:
                 outcomes = await self.carry_out(aw, plan, verdict, observed)
             except KubeApiError as exc:
@@ -397,10 +404,16 @@ class Lifecycle:
         return use
 
     async def observe(
-        self, aw: Mapping[str, Any], created: Mapping[int, CreateOutcome], *, pods: bool = True
+        self,
+        aw: Mapping[str, Any],
+        created: Mapping[int, CreateOutcome],
+        *,
+        pods: bool = True,
+        components: bool = True,
     ) -> Observed:
-        """Authoritative reads of every component and (unless ``pods`` is False) the labelled
-        pods, issued concurrently."""
+        """Authoritative reads of every component (unless ``components`` is False) and the
+        labelled pods (unless ``pods`` is False), issued concurrently; what is not read is
+        unknown."""
         meta = aw.get("metadata") or {}
         namespace, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
         spec_components = (aw.get("spec") or {}).get("components") or []
@@ -408,7 +421,7 @@ class Lifecycle:
         reads: list[Awaitable[ObservedComponent]] = []
         for index, comp in enumerate(spec_components):
             template = comp.get("template") if isinstance(comp, Mapping) else None
-            if not isinstance(template, Mapping):
+            if not components or not isinstance(template, Mapping):
                 reads.append(_unknown())
                 continue
             comp_name = ""
@@ -420,8 +433,8 @@ class Lifecycle:
             reads.append(self.observe_component(template, namespace, comp_name, uid))
         if not pods:
             return Observed(components=tuple(await asyncio.gather(*reads)), pods=None, created=dict(created))
-        components, listed = await asyncio.gather(asyncio.gather(*reads), self.observe_pods(namespace, name))
-        return Observed(components=tuple(components), pods=listed, created=dict(created))
+        seen, listed = await asyncio.gather(asyncio.gather(*reads), self.observe_pods(namespace, name))
+        return Observed(components=tuple(seen), pods=listed, created=dict(created))
 
     async def observe_pods(self, namespace: str, name: str) -> tuple[ObservedPod, ...] | None:
         """The AppWrapper's pods: from the pod cache, or a LIST where the cache cannot answer
