@@ -6,7 +6,9 @@ from typing import Any
 
 from services.lifecycle.observed import ObservedPod
 from services.lifecycle.podcache import PodCache
+from services.lifecycle.service import Lifecycle
 from shared.appwrapper.constants import APPWRAPPER_LABEL
+from shared.kube import ResourceRef
 from shared.kube.watch import WatchEvent
 
 
@@ -101,3 +103,41 @@ def test_a_relist_after_the_watch_expired_keeps_answering_and_drops_what_vanishe
     cache.apply(WatchEvent("DELETED", pod("a-1", "a")))
     cache.apply(WatchEvent("SYNCED", {}))
     assert cache.pods("team", "a") == (ObservedPod(name="a-0", phase="Succeeded", uid="uid-a-0"),)
+
+
+class ListingKube:
+    """Stands in for the Kube client: counts pod LISTs and answers them with one pod."""
+
+    def __init__(self) -> None:
+        self.lists: list[str] = []
+
+    async def list(self, ref: ResourceRef, namespace: str | None = None, **query: Any) -> dict[str, Any]:
+        self.lists.append(str(query.get("labelSelector")))
+        return {"items": [pod("listed", "a")]}
+
+
+def service_with(cache: PodCache, kube: ListingKube) -> Lifecycle:
+    # Only what observe_pods() uses: no runtime, no bus, no API server.
+    svc = Lifecycle.__new__(Lifecycle)
+    svc.kube = kube  # type: ignore[assignment]
+    svc.pods_ref = ResourceRef(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
+    svc.pod_cache = cache
+    return svc
+
+
+async def test_the_service_answers_from_the_cache_and_lists_only_where_it_cannot() -> None:
+    kube = ListingKube()
+    cache = PodCache()
+    svc = service_with(cache, kube)
+    # Not synced yet: a LIST.
+    assert [p.name for p in await svc.observe_pods("team", "a") or ()] == ["listed"]
+    assert kube.lists == [f"{APPWRAPPER_LABEL}=a"]
+    cache.apply(WatchEvent("ADDED", pod("a-0", "a")))
+    cache.apply(WatchEvent("SYNCED", {}))
+    # Synced and holding pods: no request at all.
+    assert [p.name for p in await svc.observe_pods("team", "a") or ()] == ["a-0"]
+    assert len(kube.lists) == 1
+    # "None left" is for the API server to say.
+    cache.apply(WatchEvent("DELETED", pod("a-0", "a")))
+    assert [p.name for p in await svc.observe_pods("team", "a") or ()] == ["listed"]
+    assert len(kube.lists) == 2
