@@ -92,6 +92,7 @@ def plot(results: Mapping[str, Mapping[str, Any]], path: Path) -> bool:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter
     except ImportError:
         return False
     fig, axes = plt.subplots(1, len(MEASURES), figsize=(5 * len(MEASURES), 4), constrained_layout=True)
@@ -110,6 +111,9 @@ def plot(results: Mapping[str, Mapping[str, Any]], path: Path) -> bool:
             ys = [(i + 1) / len(ms) for i in range(len(ms))]
             ax.step(ms, ys, where="post", color=color, linestyle=line, label=f"{label} (n={len(ms)})")
         ax.set_xscale("log")
+        # Only decades are labelled: on a narrow range matplotlib labels minor ticks too, and
+        # their labels run into each other.
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("milliseconds (log scale)")
         ax.set_ylabel("fraction of faults")
         ax.set_title(measure)
