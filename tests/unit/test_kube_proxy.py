@@ -1,0 +1,53 @@
+"""The Kubernetes client resolves the environment's proxy once (not per request)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shared.kube import Kube
+from shared.kube.client import env_proxy
+
+API = "https://10.0.0.1:6443"
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_no_proxy_variables_means_no_proxy() -> None:
+    assert env_proxy(API) is None
+
+
+def test_https_proxy_is_used_for_an_https_api_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    assert env_proxy(API) == "http://proxy.example:3128"
+    assert env_proxy("http://10.0.0.1:8080") is None  # only HTTPS_PROXY is set
+
+
+def test_no_proxy_exempts_the_api_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost,10.0.0.1")
+    assert env_proxy(API) is None
+    assert env_proxy("https://api.example:6443") == "http://proxy.example:3128"
+
+
+async def test_the_session_no_longer_reads_the_environment_per_request(
+    tmp_path: pytest.TempPathFactory,
+) -> None:
+    """aiohttp's trust_env re-reads proxies and ~/.netrc on every request; it is off."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    kube = await Kube.connect(kubeconfig)
+    try:
+        assert kube.api.rest_client.pool_manager.trust_env is False
+    finally:
+        await kube.close()
