@@ -36,7 +36,7 @@ def test_no_proxy_exempts_the_api_server(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 async def test_the_session_no_longer_reads_the_environment_per_request(
-    tmp_path: pytest.TempPathFactory,
+    tmp_path: Path,
 ) -> None:
     """aiohttp's trust_env re-reads proxies and ~/.netrc on every request; it is off."""
     kubeconfig = tmp_path / "kubeconfig"
