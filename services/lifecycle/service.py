@@ -189,8 +189,11 @@ class Lifecycle:
         self.latest: dict[Key, Verdict] = {}
         self.incidents: dict[Key, otel_context.Context] = {}
         self.locks: dict[Key, asyncio.Lock] = {}
-        self.queue: asyncio.Queue[Key] = asyncio.Queue()
-        self.queued: set[Key] = set()
+        # (priority, arrival, key); priority 0 for AppWrappers in the middle of a reset, 1 for
+        # the rest. A key is queued once, at its best priority (``queued``).
+        self.queue: asyncio.PriorityQueue[tuple[int, int, Key]] = asyncio.PriorityQueue()
+        self.queued: dict[Key, int] = {}
+        self.arrivals = 0
         self.timers: list[tuple[datetime, Key]] = []
         self.debounced: set[Key] = set()
         self.wake = asyncio.Event()
@@ -204,10 +207,28 @@ class Lifecycle:
     # ------------------------------------------------------------------ triggers
 
     def enqueue(self, key: Key) -> None:
-        if key not in self.queued:
-            self.queued.add(key)
-            self.queue.put_nowait(key)
+        """Queue a reconcile of ``key``; the passes of a reset under way go first.
+
+        With thousands of AppWrappers a burst of observations (a mass start, say) can queue a
+        reconcile of nearly every one of them. A reset waiting its turn behind them would keep
+        a workload down for minutes for a pass that takes milliseconds.
+        """
+        priority = 0 if key in self.incidents else 1
+        queued = self.queued.get(key)
+        if queued is None or priority < queued:
+            self.queued[key] = priority
+            self.arrivals += 1
+            self.queue.put_nowait((priority, self.arrivals, key))
             QUEUE.set(len(self.queued))
+
+    async def next_key(self) -> Key:
+        """The next key to reconcile, skipping entries superseded by a higher-priority one."""
+        while True:
+            priority, _, key = await self.queue.get()
+            if self.queued.get(key) == priority:
+                del self.queued[key]
+                QUEUE.set(len(self.queued))
+                return key
 
     def requeue_at(self, when: datetime, key: Key) -> None:
         heapq.heappush(self.timers, (when, key))
@@ -260,9 +281,7 @@ class Lifecycle:
 
     async def worker(self) -> None:
         while True:
-            key = await self.queue.get()
-            self.queued.discard(key)
-            QUEUE.set(len(self.queued))
+            key = await self.next_key()
             try:
                 await self.reconcile_key(key, self.latest.get(key))
             except Exception:
