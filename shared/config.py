@@ -218,10 +218,10 @@ class NodeExclusionConfig(_Section):
 class LifecycleConfig(_Section):
     """How the lifecycle service spreads its work (per replica)."""
 
-    # Reconcile workers fed by observations, timers and the resync. A pass is a few API round
-    # trips (reads, the status write, an Event), so under a loaded API server a worker spends
-    # most of its time waiting: with 8, 10,000 AppWrappers starting at once queued for minutes.
-    workers: int = Field(default=32, ge=1, le=256)
+    # Reconcile workers fed by observations, timers and the resync. 32 were tried: on a loaded
+    # API server they did not raise the rate of passes (the server is the limit) and made the
+    # verdicts' own requests slower (bench/README.md, N=1,000 and N=10,000).
+    workers: int = Field(default=8, ge=1, le=256)
     # Verdicts of different AppWrappers applied at once; one AppWrapper's stay in order. Too low
     # and a burst of verdicts queues (each takes a few API round trips); the API server is the
     # limit beyond a few dozen.

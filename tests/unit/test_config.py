@@ -64,7 +64,7 @@ def test_other_defaults() -> None:
     assert (config.nats.url, config.nats.stream_replicas) == ("nats://localhost:4222", 1)
     assert config.kubeconfig is None
     assert config.metrics_port == 8081
-    assert (config.lifecycle.workers, config.lifecycle.verdict_concurrency) == (32, 32)
+    assert (config.lifecycle.workers, config.lifecycle.verdict_concurrency) == (8, 32)
     assert config.lifecycle.resync_period == timedelta(seconds=30)
 
 
