@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from services.lifecycle.actions import CreateOutcome
 
@@ -48,6 +49,17 @@ class ObservedPod:
     terminating: bool = False
     # As ObservedComponent.uid: a force delete touches only the pod that was seen.
     uid: str = ""
+
+    @classmethod
+    def of(cls, pod: Mapping[str, Any]) -> ObservedPod:
+        """What a decision needs of a pod object (from a LIST or a watch event)."""
+        meta = pod.get("metadata") or {}
+        return cls(
+            name=str(meta.get("name", "")),
+            phase=str((pod.get("status") or {}).get("phase") or "Pending"),
+            terminating=bool(meta.get("deletionTimestamp")),
+            uid=str(meta.get("uid") or ""),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,30 +18,16 @@ What a watch cache may say and what it may not:
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from services.lifecycle.observed import ObservedPod
 from shared.appwrapper.constants import APPWRAPPER_LABEL
 from shared.kube import Kube, ResourceRef
 from shared.kube.watch import WatchEvent, list_then_watch
 
-log = logging.getLogger(__name__)
-
 Key = tuple[str, str]
 
 __all__ = ["PodCache"]
-
-
-def _observed(obj: Mapping[str, Any]) -> ObservedPod:
-    meta = obj.get("metadata") or {}
-    return ObservedPod(
-        name=str(meta.get("name", "")),
-        phase=str((obj.get("status") or {}).get("phase") or "Pending"),
-        terminating=bool(meta.get("deletionTimestamp")),
-        uid=str(meta.get("uid") or ""),
-    )
 
 
 class PodCache:
@@ -67,18 +53,20 @@ class PodCache:
         appwrapper = str((meta.get("labels") or {}).get(APPWRAPPER_LABEL) or "")
         pod_key = (namespace, name)
         previous = self._owner.pop(pod_key, None)
-        if previous is not None and (event.type == "DELETED" or previous != appwrapper):
-            self._drop(namespace, previous, name)
+        # The AppWrapper the pod has left, if any: it was deleted, or relabelled.
+        left = previous if event.type == "DELETED" or previous != appwrapper else None
+        if left is not None:
+            self._drop(namespace, left, name)
         if event.type != "DELETED" and appwrapper:
             self._owner[pod_key] = appwrapper
             pods = self._by_aw.setdefault((namespace, appwrapper), {})
-            seen = _observed(event.obj)
+            seen = ObservedPod.of(event.obj)
             changed = pods.get(name) != seen
             pods[name] = seen
             if changed:
                 self._notify((namespace, appwrapper))
-        if previous is not None and (event.type == "DELETED" or previous != appwrapper):
-            self._notify((namespace, previous))
+        if left is not None:
+            self._notify((namespace, left))
 
     def _drop(self, namespace: str, appwrapper: str, name: str) -> None:
         pods = self._by_aw.get((namespace, appwrapper))

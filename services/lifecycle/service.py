@@ -469,15 +469,7 @@ class Lifecycle:
         except KubeApiError as exc:
             log.warning("listing pods of %s/%s failed: %s", namespace, name, exc)
             return None
-        return tuple(
-            ObservedPod(
-                name=p["metadata"]["name"],
-                phase=(p.get("status") or {}).get("phase") or "Pending",
-                terminating=bool(p["metadata"].get("deletionTimestamp")),
-                uid=str(p["metadata"].get("uid") or ""),
-            )
-            for p in listing.get("items", [])
-        )
+        return tuple(ObservedPod.of(p) for p in listing.get("items", []))
 
     async def observe_component(
         self, template: Mapping[str, Any], namespace: str, name: str, aw_uid: str
