@@ -22,8 +22,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 
 from services.health.rules import evaluate
-from services.health.state import AppWrapperHealth, affected_by, apply, remember_published
-from services.health.view import as_utc
+from services.health.state import AppWrapperHealth, affected_by, apply, remember_published, supersedes
 from shared import metrics, subjects
 from shared.bus import Delivery, replay_consumer_name
 from shared.messages import (
@@ -190,7 +189,7 @@ class HealthService:
 
     async def on_node_verdict(self, message: NodeVerdict, delivery: Delivery) -> None:
         previous = self.node_verdicts.get(message.resource)
-        if previous is not None and as_utc(previous.decided_at) > as_utc(message.decided_at):
+        if not supersedes(message, previous):
             return  # an older decision delivered late (the states ignore it too)
         self.node_verdicts[message.resource] = message
         for key, state in list(self.states.items()):

@@ -34,6 +34,7 @@ __all__ = [
     "affected_by",
     "apply",
     "remember_published",
+    "supersedes",
 ]
 
 Observation = AppWrapperObservation | PodObservation | ComponentObservation | NodeVerdict
@@ -173,9 +174,14 @@ def _apply_component(state: AppWrapperHealth, obs: ComponentObservation) -> AppW
     return replace(state, components=components)
 
 
+def supersedes(verdict: NodeVerdict, current: NodeVerdict | None) -> bool:
+    """Whether ``verdict`` replaces ``current`` (the same resource's): not an older decision
+    delivered late."""
+    return current is None or as_utc(current.decided_at) <= as_utc(verdict.decided_at)
+
+
 def _apply_node_verdict(state: AppWrapperHealth, verdict: NodeVerdict) -> AppWrapperHealth:
-    current = state.node_verdicts.get(verdict.resource)
-    if current is not None and as_utc(current.decided_at) > as_utc(verdict.decided_at):
+    if not supersedes(verdict, state.node_verdicts.get(verdict.resource)):
         return state  # an older decision delivered late
     node_verdicts = dict(state.node_verdicts)
     node_verdicts[verdict.resource] = verdict
