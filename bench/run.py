@@ -2,8 +2,8 @@
 
 On the local testbed (started here with enough kwok nodes unless --state-dir names a running
 one, and torn down afterwards), it submits N AppWrappers -- wrapped batch/v1 Jobs and
-PyTorchJobs, a fraction of them requesting GPUs --, waits until every pod runs, measures the
-idle cost, then injects faults at a Poisson rate through the pod simulation contract:
+PyTorchJobs, a fraction of them requesting GPUs --, waits until every pod runs and the
+controller has reported so (PodsReady True everywhere), measures the idle cost, then injects faults at a Poisson rate through the pod simulation contract:
 
   pod-failure  a running pod's status is patched to Failed with an exit code (as sim.fail_pod)
   evict        a node under running GPU pods is labelled autopilot.ibm.com/gpuhealth=EVICT; the
@@ -296,6 +296,7 @@ class AwRec:
     phase: str = ""
     resetting_count: int = 0
     unhealthy: bool = False
+    pods_ready: bool = False  # the controller's own PodsReady condition (both controllers write it)
     deployed_at: str = ""
     resets: int = 0
     gone: bool = False
@@ -361,6 +362,23 @@ class Tracker:
         normal = [r for r in self.aws.values() if r.spec.kind != "stuck-init"]
         return sum(1 for r in normal if self.idle(r)), len(normal)
 
+    def leftovers(self) -> dict[str, int]:
+        """What the watches still see of the workload (for the clean-up)."""
+        return {
+            "AppWrappers": sum(1 for r in self.aws.values() if not r.gone),
+            "pods": len(self.pods),
+            "components": len(self.components),
+        }
+
+    def workload_reported(self) -> tuple[int, int]:
+        """How many running workloads the controller has reported ready (PodsReady True).
+
+        Pods run before the controller has written that they do: at N=10,000 the controller is
+        still writing those conditions minutes after the last pod started. Idle cost measured
+        before then would be the cost of catching up, not of idling."""
+        normal = [r for r in self.aws.values() if r.spec.kind != "stuck-init"]
+        return sum(1 for r in normal if self.idle(r) and r.pods_ready), len(normal)
+
     def _check(self, rec: AwRec, now: float) -> None:
         for f in rec.active():
             if f.kind == "stuck-init":
@@ -400,6 +418,7 @@ class Tracker:
                     f.t_unhealthy = now
                     f.reason = str(unhealthy_cond.get("reason", ""))
         rec.unhealthy = unhealthy
+        rec.pods_ready = (conditions.get("PodsReady") or {}).get("status") == "True"
         deployed = conditions.get("ResourcesDeployed") or {}
         if deployed.get("status") == "True" and not rec.deployed_at and deployed.get("lastTransitionTime"):
             rec.deployed_at = str(deployed["lastTransitionTime"])
@@ -725,18 +744,24 @@ class Bench:
 
         await asyncio.gather(*(create(s) for s in workload))
 
-    async def wait_all_idle(self, limit: float, what: str) -> bool:
+    async def wait_all_idle(self, limit: float, what: str, *, reported: bool = False) -> bool:
+        """Poll (with a deadline) until every workload runs; ``reported``: and the controller
+        has written PodsReady for it."""
         deadline = time.monotonic() + limit
         last_report = 0.0
+        count = self.tracker.workload_reported if reported else self.tracker.workload_idle
         while True:
-            ready, total = self.tracker.workload_idle()
+            ready, total = count()
             if ready == total:
                 return True
             if time.monotonic() > deadline:
                 return False
             if time.monotonic() - last_report > 15:
                 pods = sum(1 for p in self.tracker.pods.values() if p.phase == "Running" and not p.deleting)
-                self.log(f"{what}: {ready}/{total} AppWrappers ready, {pods} pods running")
+                self.log(
+                    f"{what}: {ready}/{total} AppWrappers {'reported ' if reported else ''}ready, "
+                    f"{pods} pods running"
+                )
                 last_report = time.monotonic()
             await asyncio.sleep(0.25)
 
@@ -963,7 +988,17 @@ class Bench:
         if failed:
             self.log(f"{len(failed)} deletes failed (first: {failed[0]!r}); waiting anyway")
         left: list[str] = []
+        confirmed_at = 0.0
         while time.monotonic() - t < limit:
+            # The watches say when everything is gone; a LIST of every AppWrapper, pod and
+            # component each second would itself slow a clean-up of 10,000 AppWrappers down.
+            # The LISTs only confirm what the watches say (and catch anything they missed).
+            tracked = self.tracker.leftovers()
+            if any(tracked.values()) or time.monotonic() - confirmed_at < 10.0:
+                left = [f"{n} {what}" for what, n in tracked.items()]
+                await asyncio.sleep(0.5)
+                continue
+            confirmed_at = time.monotonic()
             try:
                 aws = await self.listing("aw")
                 pods = [
@@ -974,12 +1009,10 @@ class Bench:
                 comps = [c for k in ("job", "pytorchjob") for c in await self.listing(k)]
             except KubeApiError as exc:
                 left = [f"listing failed: {exc}"]
-                await asyncio.sleep(1.0)
                 continue
             left = [f"{len(aws)} AppWrappers", f"{len(pods)} pods", f"{len(comps)} components"]
             if not aws and not pods and not comps:
                 return time.monotonic() - t, []
-            await asyncio.sleep(1.0)
         return time.monotonic() - t, [f"after {limit:.0f}s: " + ", ".join(left)]
 
 
@@ -1045,7 +1078,17 @@ async def run_bench(
             raise BenchError(f"only {ready}/{total} AppWrappers were running after {cfg.setup_timeout:.0f}s")
         setup_s = time.monotonic() - t_submit
         log(f"all {len(workload)} AppWrappers running after {setup_s:.1f}s")
-        result["setup"] = {"submit_s": submit_s, "all_running_s": setup_s}
+        # Steady state: the controller has also caught up with the start (every PodsReady True).
+        remaining = max(0.0, cfg.setup_timeout - setup_s)
+        if not await bench.wait_all_idle(remaining, "controller catching up", reported=True):
+            ready, total = bench.tracker.workload_reported()
+            raise BenchError(
+                f"the controller reported only {ready}/{total} AppWrappers ready (PodsReady) "
+                f"after {cfg.setup_timeout:.0f}s"
+            )
+        reported_s = time.monotonic() - t_submit
+        log(f"the controller reported all ready after {reported_s:.1f}s")
+        result["setup"] = {"submit_s": submit_s, "all_running_s": setup_s, "all_reported_s": reported_s}
         await asyncio.sleep(cfg.quiesce_seconds)
 
         # -- idle cost, controller running
@@ -1089,10 +1132,19 @@ async def run_bench(
         end_self = resource.getrusage(resource.RUSAGE_SELF)
 
         log("deleting every AppWrapper")
+        cleanup_start = await bench.snapshot()
         try:
             cleanup_s, after_delete = await bench.delete_all(cfg.cleanup_timeout)
         except KubeApiError as exc:  # the run's figures are kept whatever the clean-up does
             cleanup_s, after_delete = float("nan"), [f"clean-up failed: {exc}"]
+        cleanup_end = await bench.snapshot()
+        # Requests of every client (controller, garbage collector, kwok, this benchmark) while
+        # the workload was deleted: where a slow clean-up's API time goes.
+        cleanup_requests = {
+            k: n - cleanup_start.api.get(k, 0.0)
+            for k, n in cleanup_end.api.items()
+            if not k.startswith("WATCH") and n - cleanup_start.api.get(k, 0.0) >= 1
+        }
         unrecovered = [f"fault {f.id} ({f.kind} on {f.aw})" for f in bench.tracker.faults if f.t_done is None]
         correctness = {
             **end_state,
@@ -1122,6 +1174,7 @@ async def run_bench(
                 "latency": latencies(bench.tracker.faults, cfg),
                 "correctness": correctness,
                 "cleanup_s": cleanup_s,
+                "cleanup_api_requests": dict(sorted(cleanup_requests.items(), key=lambda kv: -kv[1])),
                 "cost": cost(
                     processes,
                     start_cpu,
@@ -1284,6 +1337,7 @@ def figures(result: Mapping[str, Any]) -> list[tuple[str, float | None, str]]:
     for key in VIOLATIONS:
         rows.append((f"correctness {key}", float(len(c.get(key, []))), "count"))
     rows.append(("set-up: all running", result.get("setup", {}).get("all_running_s"), "s"))
+    rows.append(("set-up: controller reported all ready", result.get("setup", {}).get("all_reported_s"), "s"))
     rows.append(("cleanup: all deleted", result.get("cleanup_s"), "s"))
     cst = result.get("cost", {})
     rows.append(("cpu total (controller)", cst.get("total_cpu_s"), "cpu-s"))
