@@ -3,7 +3,8 @@
 On the local testbed (started here with enough kwok nodes unless --state-dir names a running
 one, and torn down afterwards), it submits N AppWrappers -- wrapped batch/v1 Jobs and
 PyTorchJobs, a fraction of them requesting GPUs --, waits until every pod runs and the
-controller has reported so (PodsReady True everywhere), measures the idle cost, then injects faults at a Poisson rate through the pod simulation contract:
+controller has reported so (PodsReady True everywhere), measures the idle cost, then injects
+faults at a Poisson rate through the pod simulation contract:
 
   pod-failure  a running pod's status is patched to Failed with an exit code (as sim.fail_pod)
   evict        a node under running GPU pods is labelled autopilot.ibm.com/gpuhealth=EVICT; the
