@@ -1481,6 +1481,13 @@ def run(cfg: BenchConfig, state_dir: Path | None = None, *, log: Log = stderr_lo
     own = state is None
     started: list[str] = []
     ok = False
+
+    def interrupted(signum: int, _frame: object) -> None:
+        # Out of whatever the run is doing, into the clean-up below: a stopped benchmark must not
+        # leave its testbed and controller processes running.
+        raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+    previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if state is None:
             if cfg.controller == "upstream":
@@ -1512,6 +1519,8 @@ def run(cfg: BenchConfig, state_dir: Path | None = None, *, log: Log = stderr_lo
             result["logs"] = str(directory / "logs")
         return result
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if state is not None:
             for name in started:
                 stop_pid(state.pids.get(name, 0))
