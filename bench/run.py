@@ -359,9 +359,15 @@ class Tracker:
         pods = [self.pods[u] for u in rec.pods]
         return len(pods) == rec.spec.pods and all(p.phase == "Running" and not p.deleting for p in pods)
 
-    def workload_idle(self) -> tuple[int, int]:
+    def workload_idle(self, *, reported: bool = False) -> tuple[int, int]:
+        """How many running workloads are idle; ``reported``: and reported ready by the controller
+        (PodsReady True).
+
+        Pods run before the controller has written that they do: at N=10,000 the controller is
+        still writing those conditions minutes after the last pod started. Idle cost measured
+        before then would be the cost of catching up, not of idling."""
         normal = [r for r in self.aws.values() if r.spec.kind != "stuck-init"]
-        return sum(1 for r in normal if self.idle(r)), len(normal)
+        return sum(1 for r in normal if self.idle(r) and (r.pods_ready or not reported)), len(normal)
 
     def leftovers(self) -> dict[str, int]:
         """What the watches still see of the workload (for the clean-up)."""
@@ -370,15 +376,6 @@ class Tracker:
             "pods": len(self.pods),
             "components": len(self.components),
         }
-
-    def workload_reported(self) -> tuple[int, int]:
-        """How many running workloads the controller has reported ready (PodsReady True).
-
-        Pods run before the controller has written that they do: at N=10,000 the controller is
-        still writing those conditions minutes after the last pod started. Idle cost measured
-        before then would be the cost of catching up, not of idling."""
-        normal = [r for r in self.aws.values() if r.spec.kind != "stuck-init"]
-        return sum(1 for r in normal if self.idle(r) and r.pods_ready), len(normal)
 
     def _check(self, rec: AwRec, now: float) -> None:
         for f in rec.active():
@@ -764,9 +761,8 @@ class Bench:
         has written PodsReady for it."""
         deadline = time.monotonic() + limit
         last_report = 0.0
-        count = self.tracker.workload_reported if reported else self.tracker.workload_idle
         while True:
-            ready, total = count()
+            ready, total = self.tracker.workload_idle(reported=reported)
             if ready == total:
                 return True
             if time.monotonic() > deadline:
@@ -1096,7 +1092,7 @@ async def run_bench(
         # Steady state: the controller has also caught up with the start (every PodsReady True).
         remaining = max(0.0, cfg.setup_timeout - setup_s)
         if not await bench.wait_all_idle(remaining, "controller catching up", reported=True):
-            ready, total = bench.tracker.workload_reported()
+            ready, total = bench.tracker.workload_idle(reported=True)
             raise BenchError(
                 f"the controller reported only {ready}/{total} AppWrappers ready (PodsReady) "
                 f"after {cfg.setup_timeout:.0f}s"

@@ -519,20 +519,18 @@ class Lifecycle:
             and bool(meta.get("deletionTimestamp"))
             and list(meta.get("finalizers") or []) == [FINALIZER]
         )
-        if plan.status is not None and vanishing:
-            self.record_transition(aw, plan, verdict)
-        elif plan.status is not None:
-            body = {**aw, "status": plan.status}
-            body["metadata"] = {**aw["metadata"], "resourceVersion": resource_version}
-            t_write = time.perf_counter()
-            written = await self.kube.replace_status(self.aw_ref, body)
-            log.debug(
-                "%s/%s status written in %.0f ms",
-                meta.get("namespace"),
-                meta.get("name"),
-                (time.perf_counter() - t_write) * 1000,
-            )
-            aw = written
+        if plan.status is not None:
+            if not vanishing:
+                body = {**aw, "status": plan.status}
+                body["metadata"] = {**aw["metadata"], "resourceVersion": resource_version}
+                t_write = time.perf_counter()
+                aw = await self.kube.replace_status(self.aw_ref, body)
+                log.debug(
+                    "%s/%s status written in %.0f ms",
+                    meta.get("namespace"),
+                    meta.get("name"),
+                    (time.perf_counter() - t_write) * 1000,
+                )
             self.record_transition(aw, plan, verdict)
         outcomes: dict[int, CreateOutcome] = {}
         # Deletes first (in their planned order: pods before components when forceful): they are
@@ -561,14 +559,12 @@ class Lifecycle:
             await self.remove_finalizer(meta["name"], meta.get("namespace"), aw["metadata"])
         return outcomes
 
-    async def remove_finalizer(
-        self, name: str, namespace: str | None, known: Mapping[str, Any] | None = None
-    ) -> None:
+    async def remove_finalizer(self, name: str, namespace: str | None, known: Mapping[str, Any]) -> None:
         """Remove our finalizer. ``known``: the metadata the plan was carried out on; the first
         attempt patches against its resourceVersion (one request instead of a read and a patch),
         and only if the object has changed since is it read afresh."""
         assert self.aw_ref is not None
-        if known is not None and known.get("resourceVersion"):
+        if known.get("resourceVersion"):
             finalizers = [f for f in known.get("finalizers") or [] if f != FINALIZER]
             try:
                 # A resourceVersion in a merge patch is a precondition: a newer object -> 409.

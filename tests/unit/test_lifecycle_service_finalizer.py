@@ -12,16 +12,10 @@ from typing import Any
 
 from services.lifecycle.machine import FinalizerChange, Plan
 from services.lifecycle.service import Lifecycle
-from shared.appwrapper.constants import FINALIZER
+from shared.appwrapper.constants import FINALIZER, GROUP, KIND, PLURAL, VERSION
 from shared.kube import KubeApiError, ResourceRef
 
-AWS = ResourceRef(
-    group="workload.codeflare.dev",
-    version="v1beta2",
-    plural="appwrappers",
-    kind="AppWrapper",
-    namespaced=True,
-)
+AWS = ResourceRef(group=GROUP, version=VERSION, plural=PLURAL, kind=KIND, namespaced=True)
 
 
 def deleted_aw(finalizers: list[str]) -> dict[str, Any]:
