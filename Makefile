@@ -21,9 +21,10 @@ binaries:
 	@tools/k8sbins/build.sh >/dev/null
 
 lint: venv
-	$(BIN)/ruff check shared services tests bench
-	$(BIN)/ruff format --check shared services tests bench
+	$(BIN)/ruff check shared services respawn tests bench
+	$(BIN)/ruff format --check shared services respawn tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 unit: venv
 	$(BIN)/pytest tests/unit -q

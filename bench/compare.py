@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import run, upstream
-from shared.testbed.errors import TestbedError
+from respawn.testbed.errors import TestbedError
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONTROLLERS = ("respawn", "upstream")

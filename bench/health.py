@@ -27,12 +27,12 @@ from typing import Any
 import nats
 
 from bench.common import fmt_ms, percentiles, usage
+from respawn.testbed.nats import start_nats
+from respawn.testbed.ports import free_port
+from respawn.testbed.process import start, stop_pid, wait_until
 from shared import subjects
 from shared.bus import Bus
 from shared.messages import AppWrapperObservation, ContainerState, ObjectRef, PodObservation, Verdict, decode
-from shared.testbed.nats import start_nats
-from shared.testbed.ports import free_port
-from shared.testbed.process import start, stop_pid, wait_until
 
 
 def _aw_body(ns: str, name: str, uid: str, pods: int, deployed: str) -> dict[str, Any]:
@@ -95,7 +95,7 @@ async def throughput(appwrappers: int, pods: int) -> None:
             "RESPAWN_LOG_LEVEL": "WARNING",
         }
         proc = start("health", [sys.executable, "-m", "services.health"], tmp / "health.log", env=env)
-        from shared.testbed.cluster import _http_ok
+        from respawn.testbed.cluster import _http_ok
 
         wait_until(proc, lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"), timeout=60, what="ready")
         cpu0 = usage(proc.pid)
@@ -178,8 +178,8 @@ async def throughput(appwrappers: int, pods: int) -> None:
 
 
 async def latency(state_dir: Path, appwrappers: int, pods: int, samples: int) -> None:
+    from respawn.testbed.cluster import State
     from shared.kube import Kube
-    from shared.testbed.cluster import State
 
     state = State.load(state_dir)
     if state is None:

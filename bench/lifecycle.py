@@ -25,12 +25,12 @@ from typing import Any
 import nats
 
 from bench.common import fmt_ms, percentiles, settle, usage
+from respawn.testbed import manifests
+from respawn.testbed.cluster import State
 from shared import subjects
 from shared.kube import Kube, ResourceRef
 from shared.kube.watch import list_then_watch
 from shared.messages import ObjectRef, Verdict
-from shared.testbed import manifests
-from shared.testbed.cluster import State
 
 
 def appwrapper(name: str, pods: int, annotations: dict[str, str]) -> dict[str, Any]:

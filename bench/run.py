@@ -54,6 +54,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import upstream
 from bench.common import percentiles, settle, usage
+from respawn.testbed import cluster, sim
+from respawn.testbed.cluster import GPU_RESOURCE, State, kubectl
+from respawn.testbed.errors import TestbedError
+from respawn.testbed.process import pid_alive, stop_pid
+from respawn.testbed.services import SERVICES, install_crd, start_service
 from shared import subjects
 from shared.appwrapper import params
 from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, KIND
@@ -61,11 +66,6 @@ from shared.durations import parse_go_duration
 from shared.kube import Kube, KubeApiError, ResourceRef
 from shared.kube.watch import list_then_watch
 from shared.messages import Verdict, decode
-from shared.testbed import cluster, sim
-from shared.testbed.cluster import GPU_RESOURCE, State, kubectl
-from shared.testbed.errors import TestbedError
-from shared.testbed.process import pid_alive, stop_pid
-from shared.testbed.services import SERVICES, install_crd, start_service
 
 Log = Callable[[str], None]
 

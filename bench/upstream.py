@@ -26,12 +26,12 @@ from typing import Any
 
 import yaml
 
+from respawn.testbed import binaries
+from respawn.testbed.cluster import _http_ok, kubectl
+from respawn.testbed.ports import free_port
+from respawn.testbed.process import Proc, stop_pid, tail
+from respawn.testbed.process import start as start_process
 from shared.config import OperatorConfig, load_config
-from shared.testbed import binaries
-from shared.testbed.cluster import _http_ok, kubectl
-from shared.testbed.ports import free_port
-from shared.testbed.process import Proc, stop_pid, tail
-from shared.testbed.process import start as start_process
 
 MODULE = "github.com/project-codeflare/appwrapper"
 # v1.2.1 is the newest tag, but the Go checksum database has no record of it (sum.golang.org

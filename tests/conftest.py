@@ -1,7 +1,7 @@
 """Shared fixtures: the real testbed (Kubernetes control plane + NATS) and per-test namespaces.
 
 RESPAWN_TESTBED selects where the servers come from:
-- ``local`` (default): started here by ``shared.testbed.cluster.up`` (no Docker);
+- ``local`` (default): started here by ``respawn.testbed.cluster.up`` (no Docker);
 - ``existing``: KUBECONFIG and NATS_URL from the environment;
 - ``testcontainers``: K3s and NATS containers (needs a Docker engine).
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.testbed.cluster import kubectl
-from shared.testbed.modes import Endpoints, open_testbed
+from respawn.testbed.cluster import kubectl
+from respawn.testbed.modes import Endpoints, open_testbed
 
 # The NATS-only fixtures live in their own module; load them when present.
 pytest_plugins = ["tests.nats_fixtures"] if importlib.util.find_spec("tests.nats_fixtures") else []

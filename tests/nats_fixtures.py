@@ -1,7 +1,7 @@
 """NATS-only fixtures: one real nats-server (JetStream) per test session.
 
 Loaded through ``pytest_plugins`` by tests/conftest.py. Tests that need a server of their
-own (to restart it, say) call :func:`shared.testbed.nats.start_nats` directly.
+own (to restart it, say) call :func:`respawn.testbed.nats.start_nats` directly.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.testbed.nats import NatsServer, start_nats
+from respawn.testbed.nats import NatsServer, start_nats
 
 
 @pytest.fixture(scope="session")

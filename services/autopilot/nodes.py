@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
 
-from services.autopilot.taints import (
+from shared.messages import NodeObservation, NodeVerdict
+from shared.taints import (
     NO_EXECUTE,
     NO_SCHEDULE,
     PREFER_NO_SCHEDULE,
@@ -29,7 +30,6 @@ from services.autopilot.taints import (
     ResourceTaints,
     strongest_effect,
 )
-from shared.messages import NodeObservation, NodeVerdict
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,11 @@ from datetime import UTC, datetime
 import nats.js.errors
 
 from services.autopilot.nodes import NodeHealthState, ResourceNodes, apply, verdicts
-from services.autopilot.taints import NO_EXECUTE, NO_SCHEDULE, PREFER_NO_SCHEDULE, Effect, ResourceTaints
 from shared import metrics, subjects
 from shared.bus import Consumer, Delivery, TransientError, replay_consumer_name
 from shared.messages import InvalidMessage, NodeObservation, NodeVerdict, decode
 from shared.runtime import Runtime, entry
+from shared.taints import NO_EXECUTE, NO_SCHEDULE, PREFER_NO_SCHEDULE, Effect, ResourceTaints
 
 log = logging.getLogger(__name__)
 

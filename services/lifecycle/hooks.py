@@ -10,8 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.autopilot.affinity import exclude_nodes, inject_anti_affinity
-from services.autopilot.exclusion import EXCLUDED_NODES_ANNOTATION, exclusion_enabled, parse_excluded_nodes
+from services.lifecycle.placement.affinity import exclude_nodes, inject_anti_affinity
+from services.lifecycle.placement.exclusion import (
+    EXCLUDED_NODES_ANNOTATION,
+    exclusion_enabled,
+    parse_excluded_nodes,
+)
 from services.lifecycle.templating import PodTemplateContext, PodTemplateHook
 from shared.config import OperatorConfig
 

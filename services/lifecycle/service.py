@@ -30,7 +30,6 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from services.autopilot.exclusion import decide_exclusions
 from services.lifecycle.actions import (
     CreateComponent,
     CreateOutcome,
@@ -46,6 +45,7 @@ from services.lifecycle.actions import (
 from services.lifecycle.hooks import hooks_for
 from services.lifecycle.machine import FinalizerChange, Plan, reconcile
 from services.lifecycle.observed import Observed, ObservedComponent, ObservedPod, Presence
+from services.lifecycle.placement.exclusion import decide_exclusions
 from services.lifecycle.podcache import PodCache
 from services.lifecycle.templating import PodTemplateHook
 from services.lifecycle.verdicts import VerdictUse

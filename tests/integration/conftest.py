@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from respawn.testbed.cluster import kubectl
+from respawn.testbed.modes import Endpoints
+from respawn.testbed.services import ServiceProcess, spawn_service
 from shared.appwrapper.constants import CRD_NAME
-from shared.testbed.cluster import kubectl
-from shared.testbed.modes import Endpoints
-from shared.testbed.services import ServiceProcess, spawn_service
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO / "deploy" / "crd"

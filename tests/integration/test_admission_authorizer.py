@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.lifecycle.admission import AccessCheck, AccessResult, UserInfo
-from services.lifecycle.webhook import KubeAuthorizer
+from respawn.testbed.cluster import kubectl
+from respawn.testbed.modes import Endpoints
+from respawn.testbed.ports import free_port
+from services.webhook.admission import AccessCheck, AccessResult, UserInfo
+from services.webhook.server import KubeAuthorizer
 from shared.kube import Kube
-from shared.testbed.cluster import kubectl
-from shared.testbed.modes import Endpoints
-from shared.testbed.ports import free_port
 
 pytestmark = pytest.mark.testbed
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from respawn.testbed import manifests, sim
+from respawn.testbed.cluster import kubectl
+from respawn.testbed.modes import Endpoints
 from shared import subjects
 from shared.messages import LifecycleEvent, NodeVerdict
-from shared.testbed import manifests, sim
-from shared.testbed.cluster import kubectl
-from shared.testbed.modes import Endpoints
 from tests.integration.conftest import ServiceFactory
 from tests.integration.observe import Observer
 from tests.waiting import until

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from respawn.testbed import sim
+from respawn.testbed.modes import Endpoints
+from respawn.testbed.services import ServiceProcess
 from shared import subjects
 from shared.messages import NodeObservation, NodeVerdict
-from shared.testbed import sim
-from shared.testbed.modes import Endpoints
-from shared.testbed.services import ServiceProcess
 from tests.integration.conftest import ServiceFactory
 from tests.integration.observe import Observer
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from bench.run import BenchConfig, PlannedFault, run_bench
-from shared.testbed.modes import Endpoints
-from shared.testbed.services import SERVICES
+from respawn.testbed.modes import Endpoints
+from respawn.testbed.services import SERVICES
 from tests.integration.conftest import ServiceFactory
 
 pytestmark = pytest.mark.testbed

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
 
+from respawn.testbed.nats import start_nats
 from shared import subjects
 from shared.bus import (
     DL_CONSUMER_HEADER,
@@ -41,7 +42,6 @@ from shared.bus import (
     default_streams,
 )
 from shared.messages import SCHEMA_HEADER, ObjectRef, Verdict
-from shared.testbed.nats import start_nats
 
 pytestmark = pytest.mark.nats
 

@@ -19,15 +19,15 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from respawn.testbed import sim
+from respawn.testbed.cluster import kubectl
+from respawn.testbed.modes import Endpoints
+from respawn.testbed.ports import free_port
 from shared.appwrapper.params import (
     FAILURE_GRACE_PERIOD_ANNOTATION,
     RETRY_LIMIT_ANNOTATION,
     RETRY_PAUSE_PERIOD_ANNOTATION,
 )
-from shared.testbed import sim
-from shared.testbed.cluster import kubectl
-from shared.testbed.modes import Endpoints
-from shared.testbed.ports import free_port
 from tests.integration.conftest import ServiceFactory
 from tests.waiting import until_sync
 
@@ -53,7 +53,7 @@ def cli_env(testbed: Endpoints, **overrides: str | None) -> dict[str, str]:
 
 def respawn(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli.main", *args],
+        [sys.executable, "-m", "respawn.cli.main", *args],
         env=env,
         cwd=REPO,
         capture_output=True,
@@ -145,7 +145,7 @@ def follower(testbed: Endpoints, tmp_path: Path) -> Iterator[Callable[..., Path]
         with out.open("wb") as sink:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "shared.cli.main", "tail", *args],
+                    [sys.executable, "-m", "respawn.cli.main", "tail", *args],
                     env=cli_env(testbed),
                     cwd=REPO,
                     stdout=sink,

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
+from respawn.testbed.cluster import kubectl
 from shared.appwrapper.constants import CRD_NAME, MAX_POD_SETS
 from shared.appwrapper.model import parse_appwrapper
 from shared.appwrapper.podsets import validate_appwrapper_pod_sets
-from shared.testbed.cluster import kubectl
 
 pytestmark = pytest.mark.testbed
 

@@ -33,7 +33,13 @@ import pytest
 import yaml
 from nats.js import api
 
-from shared import natsauth, subjects
+from respawn import natsauth
+from respawn.testbed import manifests, sim
+from respawn.testbed.cluster import kubectl, kubectl_binary
+from respawn.testbed.modes import Endpoints
+from respawn.testbed.nats import NatsServer, find_nats_server, start_nats
+from respawn.testbed.services import ServiceProcess, spawn_service
+from shared import subjects
 from shared.appwrapper.constants import APPWRAPPER_LABEL
 from shared.appwrapper.params import (
     FAILURE_GRACE_PERIOD_ANNOTATION,
@@ -55,11 +61,6 @@ from shared.messages import (
     Verdict,
     decode,
 )
-from shared.testbed import manifests, sim
-from shared.testbed.cluster import kubectl, kubectl_binary
-from shared.testbed.modes import Endpoints
-from shared.testbed.nats import NatsServer, find_nats_server, start_nats
-from shared.testbed.services import ServiceProcess, spawn_service
 from tests.waiting import until, until_async
 
 pytestmark = pytest.mark.testbed

@@ -23,6 +23,10 @@ import nats
 import pytest
 import pytest_asyncio
 
+from respawn.testbed import sim
+from respawn.testbed.cluster import kubectl
+from respawn.testbed.modes import Endpoints
+from respawn.testbed.services import ServiceProcess
 from shared import subjects
 from shared.appwrapper.constants import Reason
 from shared.appwrapper.params import (
@@ -33,10 +37,6 @@ from shared.appwrapper.params import (
     WARMUP_GRACE_PERIOD_ANNOTATION,
 )
 from shared.messages import PodObservation, Verdict, decode
-from shared.testbed import sim
-from shared.testbed.cluster import kubectl
-from shared.testbed.modes import Endpoints
-from shared.testbed.services import ServiceProcess
 from tests.integration.conftest import ServiceFactory
 from tests.integration.observe import Observer
 from tests.waiting import until

@@ -18,6 +18,10 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from respawn.testbed import manifests, sim
+from respawn.testbed.cluster import kubectl, kubectl_binary
+from respawn.testbed.modes import Endpoints
+from respawn.testbed.services import ServiceProcess, spawn_service
 from shared import subjects
 from shared.appwrapper.constants import APPWRAPPER_LABEL, FINALIZER
 from shared.appwrapper.params import (
@@ -28,10 +32,6 @@ from shared.appwrapper.params import (
 )
 from shared.appwrapper.podsets import component_pod_sets, get_at_path
 from shared.messages import LifecycleEvent
-from shared.testbed import manifests, sim
-from shared.testbed.cluster import kubectl, kubectl_binary
-from shared.testbed.modes import Endpoints
-from shared.testbed.services import ServiceProcess, spawn_service
 from tests.integration.conftest import ServiceFactory
 from tests.integration.observe import Observer
 from tests.integration.test_crd import MLBATCH_USAGE, mlbatch_appwrapper_samples

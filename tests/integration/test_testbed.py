@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from shared.testbed import sim
-from shared.testbed.cluster import kubectl
-from shared.testbed.modes import Endpoints
+from respawn.testbed import sim
+from respawn.testbed.cluster import kubectl
+from respawn.testbed.modes import Endpoints
 from tests.waiting import until_sync
 
 pytestmark = pytest.mark.testbed

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from shared.testbed import binaries
-from shared.testbed.ports import port_open
-from shared.testbed.process import pid_alive
+from respawn.testbed import binaries
+from respawn.testbed.ports import port_open
+from respawn.testbed.process import pid_alive
 
-RESPAWN = [sys.executable, "-m", "shared.cli.main"]
+RESPAWN = [sys.executable, "-m", "respawn.cli.main"]
 
 needs_binaries = pytest.mark.skipif(
     bool(binaries.missing()),

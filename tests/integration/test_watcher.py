@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from respawn.testbed import sim
+from respawn.testbed.cluster import kubectl
+from respawn.testbed.modes import Endpoints
 from shared import subjects
 from shared.appwrapper.constants import APPWRAPPER_LABEL
 from shared.messages import AppWrapperObservation, ComponentObservation, NodeObservation, PodObservation
-from shared.testbed import sim
-from shared.testbed.cluster import kubectl
-from shared.testbed.modes import Endpoints
 from tests.integration.conftest import ServiceFactory
 from tests.integration.observe import Observer
 

@@ -31,12 +31,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from services.lifecycle.admission import sanitize_label
+from respawn.testbed.cluster import kubectl, kubectl_binary
+from respawn.testbed.modes import Endpoints
+from respawn.testbed.ports import free_port
+from respawn.testbed.process import Proc, start, stop_pid, wait_until
+from services.webhook.admission import sanitize_label
 from shared.appwrapper.constants import QUEUE_NAME_LABEL, USER_ID_LABEL, USER_LABEL
-from shared.testbed.cluster import kubectl, kubectl_binary
-from shared.testbed.modes import Endpoints
-from shared.testbed.ports import free_port
-from shared.testbed.process import Proc, start, stop_pid, wait_until
 
 pytestmark = pytest.mark.testbed
 
@@ -132,7 +132,7 @@ def webhook(
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "RESPAWN_CONFIG"}
     env.update({"KUBECONFIG": str(testbed.kubeconfig), "RESPAWN_DEFAULT_QUEUE_NAME": DEFAULT_QUEUE})
-    argv = [sys.executable, "-m", "services.lifecycle.webhook", "--host", "127.0.0.1", "--port", str(port)]
+    argv = [sys.executable, "-m", "services.webhook.server", "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--cert-file", str(crt), "--key-file", str(key)]
     proc = start("webhook", argv, directory / "webhook.log", env=env)
     hook = Webhook(proc, port, ca_pem)

@@ -1,4 +1,4 @@
-"""The AppWrapper admission decisions (services/lifecycle/admission.py) and the webhook's HTTP layer."""
+"""The AppWrapper admission decisions (services/webhook/admission.py) and the webhook's HTTP layer."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.lifecycle.admission import (
+from services.webhook.admission import (
     AccessCheck,
     AccessResult,
     AdmissionRequest,
@@ -29,7 +29,7 @@ from services.lifecycle.admission import (
     validate,
     validation_response,
 )
-from services.lifecycle.webhook import ServingCert, make_app, parse_options
+from services.webhook.server import ServingCert, make_app, parse_options
 from shared.appwrapper.constants import QUEUE_NAME_LABEL, USER_ID_LABEL, USER_LABEL
 
 NS = "team-a"
@@ -207,7 +207,7 @@ def test_parse_review_reads_user_and_objects() -> None:
 
 
 def test_review_body_echoes_uid_even_for_malformed_reviews() -> None:
-    from services.lifecycle.admission import refusal
+    from services.webhook.admission import refusal
 
     body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "abc"}}
     answer = review_body(body, refusal("nope"))
@@ -625,7 +625,7 @@ def test_options_from_flags_and_environment() -> None:
 
 @pytest.fixture
 def cert_files(tmp_path: Any) -> Iterator[tuple[Any, Any]]:
-    from shared.testbed.pki import serving_bundle
+    from respawn.testbed.pki import serving_bundle
 
     bundle = serving_bundle("webhook.test")
     crt, key = tmp_path / "tls.crt", tmp_path / "tls.key"
@@ -637,7 +637,7 @@ def cert_files(tmp_path: Any) -> Iterator[tuple[Any, Any]]:
 def test_serving_cert_reloads_only_when_files_change(cert_files: tuple[Any, Any]) -> None:
     import os
 
-    from shared.testbed.pki import serving_bundle
+    from respawn.testbed.pki import serving_bundle
 
     crt, key = cert_files
     cert = ServingCert(crt, key)

@@ -16,6 +16,7 @@ import pytest
 
 from bench import common, compare, run
 from bench.common import ProcUsage, fmt_ms, percentiles
+from respawn.testbed import sim
 from shared.appwrapper import params
 from shared.appwrapper.model import parse_appwrapper
 from shared.appwrapper.podsets import (
@@ -26,7 +27,6 @@ from shared.appwrapper.podsets import (
     validate_appwrapper_pod_sets,
 )
 from shared.faulttolerance import FaultTolerance
-from shared.testbed import sim
 
 GPU = "nvidia.com/gpu"
 

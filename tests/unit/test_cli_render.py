@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from rich.console import Console
 from typer.testing import CliRunner
 
+from respawn.cli import explain, status, tail
+from respawn.cli.main import CLI_OUTPUT_VERSION, app
 from shared.appwrapper.params import RETRY_LIMIT_ANNOTATION
-from shared.cli import explain, status, tail
-from shared.cli.main import CLI_OUTPUT_VERSION, app
 from shared.faulttolerance import FaultTolerance
 from shared.messages import (
     ComponentObservation,

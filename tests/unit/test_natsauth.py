@@ -1,4 +1,4 @@
-"""The NATS users and permissions generator (shared/natsauth.py) and the files built from it.
+"""The NATS users and permissions generator (respawn/natsauth.py) and the files built from it.
 
 What the permissions allow on a real server is proven in tests/integration/test_deploy.py; these
 tests pin the rules themselves: who may publish which message subjects, that nobody may
@@ -18,7 +18,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared import natsauth, subjects
+from respawn import natsauth
+from shared import subjects
 from shared.bus import default_streams
 
 REPO = Path(__file__).resolve().parents[2]
@@ -194,7 +195,7 @@ def test_password_variables_follow_user_names() -> None:
 
 def test_committed_auth_conf_is_the_generated_one() -> None:
     expected = natsauth.render_auth_config(natsauth.default_users())
-    regenerate = "python -m shared.natsauth config > deploy/nats/auth.conf"
+    regenerate = "python -m respawn.natsauth config > deploy/nats/auth.conf"
     assert AUTH_CONF.read_text() == expected, f"stale file; regenerate it: {regenerate}"
 
 

@@ -28,10 +28,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from respawn.testbed import cluster, manifests, services, sim
+from respawn.testbed.cluster import Log, State, kubectl
 from shared import subjects
 from shared.messages import LifecycleEvent, Verdict, decode
-from shared.testbed import cluster, manifests, services, sim
-from shared.testbed.cluster import Log, State, kubectl
 
 NS = "demo"
 GPU = "nvidia.com/gpu"

@@ -6,13 +6,13 @@ Output meant for other programs (``--json``) is versioned: see docs/cli.md.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import typer
 
-from shared.cli import explain, status, tail
-from shared.testbed.errors import TestbedError
+from respawn.cli import explain, status, tail
+from respawn.testbed.errors import TestbedError
+from respawn.testbed.services import SERVICES
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Respawn: fault tolerance for AppWrappers."
@@ -57,7 +57,7 @@ def local_up(
     ),
 ) -> None:
     """Start the testbed on 127.0.0.1 and return once everything is ready."""
-    from shared.testbed import cluster, services
+    from respawn.testbed import cluster, services
 
     fixed = {k: v for k, v in {"apiserver": api_port, "nats": nats_port}.items() if v}
     try:
@@ -86,7 +86,7 @@ def local_up(
 @local_app.command("down")
 def local_down(state_dir: Path = StateDir) -> None:
     """Stop everything `up` started (by pid) and remove the state directory."""
-    from shared.testbed import cluster
+    from respawn.testbed import cluster
 
     found = cluster.down(state_dir, log=_say)
     _say("testbed stopped" if found else f"no testbed running in {state_dir}")
@@ -95,7 +95,7 @@ def local_down(state_dir: Path = StateDir) -> None:
 @local_app.command("status")
 def local_status(state_dir: Path = StateDir, as_json: bool = typer.Option(False, "--json")) -> None:
     """Show which testbed processes are running."""
-    from shared.testbed import cluster
+    from respawn.testbed import cluster
 
     state = cluster.State.load(state_dir.resolve())
     if state is None:
@@ -129,11 +129,16 @@ def run_service(
     ),
 ) -> None:
     """Run one service in the foreground against KUBECONFIG and NATS_URL."""
-    from shared.testbed.services import SERVICES, run_in_foreground
+    import importlib
+    import os
 
+    # The same entry point as the service's Deployment (`python -m services.<name>`); nothing of
+    # the testbed is involved.
     if service not in SERVICES:
         _fail(ValueError(f"unknown service {service!r}; choose one of {', '.join(SERVICES)}"))
-    sys.exit(run_in_foreground(service, config))
+    if config is not None:
+        os.environ["RESPAWN_CONFIG"] = str(config)
+    importlib.import_module(f"services.{service}.__main__").main()
 
 
 @app.command("demo")
@@ -144,7 +149,7 @@ def demo(
     keep: bool = typer.Option(False, "--keep", help="Leave the testbed running afterwards."),
 ) -> None:
     """Bring the testbed up, run a sample workload through Respawn, print what happened, tear down."""
-    from shared.demo import run_demo
+    from respawn.demo import run_demo
 
     try:
         run_demo(state_dir, keep=keep, log=_say)

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final
 
-from services.autopilot.taints import PREFER_NO_SCHEDULE, REQUIRED_EFFECTS, ResourceTaints, values_by_key
+from shared.taints import PREFER_NO_SCHEDULE, REQUIRED_EFFECTS, ResourceTaints, values_by_key
 
 REQUIRED: Final = "requiredDuringSchedulingIgnoredDuringExecution"
 PREFERRED: Final = "preferredDuringSchedulingIgnoredDuringExecution"

@@ -3,7 +3,7 @@
 Upstream AppWrapper recreates a reset workload with no memory of where it failed, so a job with a
 broken GPU can land on the same machine again and burn another retry. Respawn remembers, per
 AppWrapper, the nodes on which failing pods ran and adds a required anti-affinity on them to the
-recreated pods (see :func:`services.autopilot.affinity.exclude_nodes`).
+recreated pods (see :func:`services.lifecycle.placement.affinity.exclude_nodes`).
 
 The memory lives in an annotation on the AppWrapper, so it is visible with ``kubectl`` and
 survives restarts without touching any upstream field:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from shared.testbed.cluster import kubectl
+from respawn.testbed.cluster import kubectl
 
 SUCCEED_AFTER = "sim.respawn.dev/succeed-after"
 FAIL_AFTER = "sim.respawn.dev/fail-after"

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.autopilot.affinity import (
+from services.lifecycle.placement.affinity import (
     PREFERRED,
     REQUIRED,
     exclude_nodes,

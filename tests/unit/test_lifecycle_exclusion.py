@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.autopilot.exclusion import (
+from services.lifecycle.placement.exclusion import (
     DEFAULT_MAX_EXCLUDED_NODES,
     EXCLUDED_NODES_ANNOTATION,
     NODE_EXCLUSION_ANNOTATION,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.testbed.errors import TestbedError
+from respawn.testbed.errors import TestbedError
 
 
 @dataclass

@@ -32,7 +32,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from services.lifecycle.admission import (
+from services.webhook.admission import (
     AccessCheck,
     AccessResult,
     AdmissionResponse,
@@ -49,7 +49,7 @@ from shared.kube import Kube, KubeApiError
 from shared.kube.client import split_api_version
 
 # Named explicitly: run as `python -m`, __name__ would be "__main__" in every log line.
-log = logging.getLogger("services.lifecycle.webhook")
+log = logging.getLogger("services.webhook.server")
 
 MUTATE_PATH: Final = "/mutate-appwrapper"
 VALIDATE_PATH: Final = "/validate-appwrapper"

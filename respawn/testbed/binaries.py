@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.testbed.errors import TestbedError
+from respawn.testbed.errors import TestbedError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "tools" / "k8sbins" / "build.sh"

@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.testbed.errors import TestbedError
+from respawn.testbed.errors import TestbedError
 
 HOST = "127.0.0.1"
 STATE_FILE = "nats.json"

@@ -20,8 +20,7 @@ from typing import Any, Final, Literal
 
 import typer
 
-from shared import subjects
-from shared.cli.tail import (
+from respawn.cli.tail import (
     NatsUnavailable,
     StoredMessage,
     connect_nats,
@@ -31,6 +30,7 @@ from shared.cli.tail import (
     trace_id,
     verdict_line,
 )
+from shared import subjects
 from shared.messages import (
     AnyObservation,
     AppWrapperObservation,

@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.testbed import binaries, pki, ports
-from shared.testbed.errors import TestbedError
-from shared.testbed.process import Proc, pid_alive, start, stop_pid, tail, wait_until
+from respawn.testbed import binaries, pki, ports
+from respawn.testbed.errors import TestbedError
+from respawn.testbed.process import Proc, pid_alive, start, stop_pid, tail, wait_until
 
 DEFAULT_STATE_DIR = Path(".respawn")
 ASSETS = Path(__file__).parent / "assets"
@@ -377,7 +377,7 @@ def up(
                 f"--server-address=127.0.0.1:{pp['kwok']}",
             ],
         )
-        from shared.testbed.nats import start_nats
+        from respawn.testbed.nats import start_nats
 
         log("starting nats-server (JetStream)")
         nats = start_nats(state_dir / "nats", port=fixed.get("nats"), log_file=logs / "nats-server.log")

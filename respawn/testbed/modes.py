@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.testbed.errors import TestbedError
+from respawn.testbed.errors import TestbedError
 
 MODES = ("local", "existing", "testcontainers")
 
@@ -41,7 +41,7 @@ def open_testbed(state_dir: Path, *, nodes: int = 4) -> Iterator[Endpoints]:
     if m == "testcontainers":
         yield from _testcontainers(state_dir)
         return
-    from shared.testbed import cluster
+    from respawn.testbed import cluster
 
     state = cluster.up(state_dir, nodes=nodes)
     try:

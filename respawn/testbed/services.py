@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
 import os
 import signal
 import sys
@@ -12,17 +10,12 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.testbed.cluster import Log, State, _http_ok, _quiet, kubectl, wait_for
-from shared.testbed.errors import TestbedError
-from shared.testbed.ports import free_port
-from shared.testbed.process import Proc, start, stop_pid, wait_until
+from respawn.testbed.cluster import Log, State, _http_ok, _quiet, kubectl, wait_for
+from respawn.testbed.errors import TestbedError
+from respawn.testbed.ports import free_port
+from respawn.testbed.process import Proc, start, stop_pid, wait_until
 
 SERVICES = ("watcher", "health", "lifecycle", "autopilot")
-
-
-def implemented(service: str) -> bool:
-    """A service is started by `local up` once its package has a ``service`` module."""
-    return importlib.util.find_spec(f"services.{service}.service") is not None
 
 
 def service_env(
@@ -139,24 +132,11 @@ def install_crd(kubeconfig: Path) -> None:
 
 def start_all(state: State, *, log: Log = _quiet, env: dict[str, str] | None = None) -> list[str]:
     started: list[str] = []
-    if not any(implemented(s) for s in SERVICES):
-        return started
     log("installing the AppWrapper CRD")
     install_crd(state.kubeconfig)
     for service in SERVICES:
-        if implemented(service) and service not in state.pids:
+        if service not in state.pids:
             log(f"starting service {service}")
             start_service(state, service, env=env)
             started.append(service)
     return started
-
-
-def run_in_foreground(service: str, config: Path | None) -> int:
-    if config is not None:
-        os.environ["RESPAWN_CONFIG"] = str(config)
-    if not implemented(service):
-        print(f"error: service {service!r} is not available in this build", file=sys.stderr)
-        return 2
-    module = importlib.import_module(f"services.{service}.__main__")
-    module.main()
-    return 0

@@ -1,0 +1,1 @@
+"""The AppWrapper admission webhook (defaulting and validation), its own Deployment."""
