@@ -96,6 +96,10 @@ _TRANSIENT_PUBLISH_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+# Re-exported so that services choose where a consumer starts without importing nats themselves.
+DeliverPolicy = api.DeliverPolicy
+
+
 class BusError(RuntimeError):
     """The bus could not be set up or reached; the message names cause and fix."""
 

@@ -53,7 +53,7 @@ from shared import metrics, subjects
 from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, FINALIZER, KIND, Reason
 from shared.appwrapper.params import effective_fault_tolerance
 from shared.appwrapper.podsets import component_pod_sets, get_at_path
-from shared.bus import Delivery, TransientError
+from shared.bus import DeliverPolicy, Delivery, TransientError
 from shared.faulttolerance import FaultTolerance
 from shared.kube import Kube, KubeApiError, ResourceRef
 from shared.kube.watch import list_pages
@@ -864,7 +864,9 @@ class Lifecycle:
             subjects.appwrapper_obs_filter(),
             AnyObservation,
             self.on_observation,
-            deliver_policy=_deliver_new(),
+            # A durable created for the first time starts at the current end of the stream: the initial
+            # resync covers existing AppWrappers, and verdicts from before this controller ran are old.
+            deliver_policy=DeliverPolicy.NEW,
         )
         self.rt.add_check("consumers", lambda: verdicts.running and observations.running)
         try:
@@ -872,14 +874,6 @@ class Lifecycle:
         finally:
             for task in tasks:
                 task.cancel()
-
-
-def _deliver_new() -> Any:
-    # A durable created for the first time starts at the current end of the stream: the initial
-    # resync covers existing AppWrappers, and verdicts from before this controller ran are old.
-    from nats.js import api
-
-    return api.DeliverPolicy.NEW
 
 
 async def main(rt: Runtime) -> None:
