@@ -23,6 +23,7 @@ from rich.table import Table
 from shared.appwrapper.constants import GROUP, KIND, PLURAL, VERSION, ConditionStatus, ConditionType
 from shared.appwrapper.params import effective_fault_tolerance
 from shared.faulttolerance import FaultTolerance
+from shared.kubetime import parse_kube_time
 
 if TYPE_CHECKING:  # kubernetes_asyncio is slow to import; only `status` itself needs it
     from shared.kube.client import Kube, KubeApiError
@@ -32,7 +33,6 @@ __all__ = [
     "StatusRow",
     "fetch_appwrappers",
     "format_age",
-    "parse_time",
     "register",
     "status_json",
     "status_row",
@@ -64,17 +64,6 @@ class StatusRow:
     last_transition: datetime | None
 
 
-def parse_time(value: Any) -> datetime | None:
-    """An RFC 3339 timestamp as the API server writes it, or None if absent or malformed."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
 def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
@@ -86,7 +75,7 @@ def status_row(appwrapper: Mapping[str, Any], defaults: FaultTolerance) -> Statu
     annotations = {str(k): v for k, v in _mapping(meta.get("annotations")).items()}
     conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
     unhealthy = next((c for c in conditions if c.get("type") == ConditionType.UNHEALTHY), {})
-    times = [t for t in (parse_time(c.get("lastTransitionTime")) for c in conditions) if t is not None]
+    times = [t for t in (parse_kube_time(c.get("lastTransitionTime")) for c in conditions) if t is not None]
     count = status.get("resettingCount")
     return StatusRow(
         namespace=str(meta.get("namespace", "")),

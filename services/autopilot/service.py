@@ -25,13 +25,14 @@ import os
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 import nats.js.errors
 
 from services.autopilot.nodes import NodeHealthState, ResourceNodes, apply, verdicts
 from shared import metrics, subjects
 from shared.bus import Consumer, Delivery, TransientError, replay_consumer_name
+from shared.kubetime import as_utc, utcnow
 from shared.messages import InvalidMessage, NodeObservation, NodeVerdict, decode
 from shared.runtime import Runtime, entry
 from shared.taints import NO_EXECUTE, NO_SCHEDULE, PREFER_NO_SCHEDULE, Effect, ResourceTaints
@@ -56,10 +57,6 @@ CONSUMER_INACTIVE_THRESHOLD = 300.0
 REPLAY_POLL_SECONDS = 0.5
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 def consumer_name(instance: str) -> str:
     """See :func:`shared.bus.replay_consumer_name`."""
     return replay_consumer_name("autopilot", instance)
@@ -70,11 +67,6 @@ def instance_name() -> str:
 
 
 # ------------------------------------------------------------------ pure helpers
-
-
-def as_utc(value: datetime) -> datetime:
-    """Naive times are taken as UTC, so times from any producer compare."""
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def sets_of(verdict: NodeVerdict | None) -> ResourceNodes:

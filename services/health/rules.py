@@ -38,9 +38,10 @@ from datetime import UTC, datetime
 from typing import Final
 
 from services.health.state import AppWrapperHealth, ComponentRecord, PodRecord, remember_published
-from services.health.view import AppWrapperView, as_utc
+from services.health.view import AppWrapperView
 from shared.appwrapper.constants import Phase, Reason
 from shared.durations import format_go_duration
+from shared.kubetime import as_utc
 from shared.messages import Verdict, VerdictState
 
 __all__ = [

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import heapq
 import logging
-from datetime import UTC, datetime
+from datetime import datetime
 
 from nats.js import api
 from opentelemetry import trace
@@ -25,6 +25,7 @@ from services.health.rules import evaluate
 from services.health.state import AppWrapperHealth, affected_by, apply, remember_published, supersedes
 from shared import metrics, subjects
 from shared.bus import Delivery, replay_consumer_name
+from shared.kubetime import utcnow
 from shared.messages import (
     AnyObservation,
     AppWrapperObservation,
@@ -53,10 +54,6 @@ EVAL_SECONDS = metrics.histogram(
 Key = tuple[str, str]
 
 EVAL_WINDOW = 256
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 class HealthService:

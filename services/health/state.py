@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from services.health.view import AppWrapperView, as_utc, view_of
+from services.health.view import AppWrapperView, view_of
 from shared.faulttolerance import FaultTolerance
+from shared.kubetime import as_utc
 from shared.messages import (
     AppWrapperObservation,
     ComponentObservation,

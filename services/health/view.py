@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from shared.appwrapper.constants import CONTROLLER_NAME, ConditionStatus, ConditionType
@@ -22,28 +22,10 @@ from shared.appwrapper.params import (
 )
 from shared.appwrapper.podsets import expected_pod_count
 from shared.faulttolerance import FaultTolerance
+from shared.kubetime import parse_kube_time
 from shared.messages import AppWrapperObservation, ObjectRef
 
-__all__ = ["AppWrapperView", "as_utc", "parse_kube_time", "view_of"]
-
-
-def as_utc(value: datetime) -> datetime:
-    """Make a datetime timezone-aware; naive values are taken to be UTC.
-
-    Comparing a naive with an aware datetime raises, and observations come from several
-    producers, so every timestamp is normalised once on the way in.
-    """
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
-
-
-def parse_kube_time(value: Any) -> datetime | None:
-    """An RFC 3339 metav1.Time string as an aware datetime, or None if absent or malformed."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return as_utc(datetime.fromisoformat(value))
-    except ValueError:
-        return None
+__all__ = ["AppWrapperView", "view_of"]
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

@@ -13,20 +13,17 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from shared.appwrapper.constants import ConditionStatus
-from shared.appwrapper.model import format_kube_time
+from shared.kubetime import as_utc, format_kube_time, parse_kube_time
 
 __all__ = [
-    "as_utc",
     "clear_condition",
     "condition_status",
     "find_condition",
-    "format_time",
     "is_true",
-    "parse_time",
     "set_condition",
     "transition_time",
     "truncate",
@@ -35,33 +32,9 @@ __all__ = [
 Conditions = list[dict[str, Any]]
 
 
-def as_utc(value: datetime) -> datetime:
-    """``value`` as an aware UTC datetime; a naive value is taken to be UTC already."""
-    if value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
-
-
-def format_time(value: datetime) -> str:
-    """The wire form of a metav1.Time: RFC 3339, UTC, whole seconds."""
-    return format_kube_time(as_utc(value))
-
-
 def truncate(value: datetime) -> datetime:
     """``value`` at whole-second precision, as it will read back after a round trip through the API."""
     return as_utc(value).replace(microsecond=0)
-
-
-def parse_time(value: Any) -> datetime | None:
-    """A metav1.Time string as an aware UTC datetime, or None when absent or unreadable."""
-    if isinstance(value, datetime):
-        return as_utc(value)
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return as_utc(datetime.fromisoformat(value))
-    except ValueError:
-        return None
 
 
 def _entries(conditions: Sequence[Any] | None) -> list[Mapping[str, Any]]:
@@ -94,7 +67,7 @@ def is_true(conditions: Sequence[Any] | None, ctype: str) -> bool:
 def transition_time(conditions: Sequence[Any] | None, ctype: str) -> datetime | None:
     """When the condition of type ``ctype`` last changed status, or None when absent or unreadable."""
     cond = find_condition(conditions, ctype)
-    return None if cond is None else parse_time(cond.get("lastTransitionTime"))
+    return None if cond is None else parse_kube_time(cond.get("lastTransitionTime"))
 
 
 def set_condition(
@@ -115,14 +88,14 @@ def set_condition(
     missing one is replaced by ``now``, so that the clock it carries starts (once) instead of
     being unreadable forever. Reason, message and observedGeneration are always updated.
     """
-    at = format_time(transition_at if transition_at is not None else now)
+    at = format_kube_time(transition_at if transition_at is not None else now)
     result: Conditions = []
     found = False
     for cond in _entries(conditions):
         entry = copy.deepcopy(dict(cond))
         if entry.get("type") == ctype and not found:
             found = True
-            if entry.get("status") != status or parse_time(entry.get("lastTransitionTime")) is None:
+            if entry.get("status") != status or parse_kube_time(entry.get("lastTransitionTime")) is None:
                 entry["lastTransitionTime"] = at
             entry["status"] = status
             entry["reason"] = reason

@@ -39,7 +39,6 @@ from services.lifecycle.actions import (
     ForceDeletePods,
 )
 from services.lifecycle.conditions import (
-    as_utc,
     clear_condition,
     condition_status,
     find_condition,
@@ -50,6 +49,7 @@ from services.lifecycle.conditions import (
 from services.lifecycle.observed import Observed, Presence
 from shared.appwrapper.constants import ComponentReason, ConditionStatus, ConditionType, Reason
 from shared.durations import format_go_duration
+from shared.kubetime import as_utc
 
 __all__ = ["DELETION_POLL", "FORCEFUL_MESSAGE_PREFIX", "DeletionStep", "staged_deletion"]
 

@@ -45,10 +45,8 @@ from services.lifecycle.actions import (
     PublishLifecycleEvent,
 )
 from services.lifecycle.conditions import (
-    as_utc,
     clear_condition,
     condition_status,
-    format_time,
     is_true,
     set_condition,
     transition_time,
@@ -80,6 +78,7 @@ from shared.appwrapper.params import DELETION_ON_FAILURE_GRACE_PERIOD_ANNOTATION
 from shared.appwrapper.podsets import component_pod_sets, expected_pod_count
 from shared.durations import format_go_duration
 from shared.faulttolerance import FaultTolerance
+from shared.kubetime import as_utc, format_kube_time
 from shared.messages import LifecycleEvent, ObjectRef, Verdict
 
 __all__ = ["CREATE_RETRY_INTERVAL", "FinalizerChange", "Plan", "reconcile"]
@@ -329,7 +328,7 @@ class _Reconciliation:
         count = resetting_count(self.status)
         ref = self._ref()
         who = ref.uid or f"{ref.namespace}/{ref.name}"
-        msg_id = f"{who}/{event}/{count}/{self.phase}/{format_time(self.now)}"
+        msg_id = f"{who}/{event}/{count}/{self.phase}/{format_kube_time(self.now)}"
         self.actions.append(
             PublishLifecycleEvent(
                 event=LifecycleEvent(

@@ -24,7 +24,7 @@ import heapq
 import logging
 import time
 from collections.abc import Awaitable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -57,6 +57,7 @@ from shared.bus import DeliverPolicy, Delivery, TransientError
 from shared.faulttolerance import FaultTolerance
 from shared.kube import Kube, KubeApiError, ResourceRef
 from shared.kube.watch import list_pages
+from shared.kubetime import utcnow
 from shared.messages import AnyObservation, AppWrapperObservation, Message, PodObservation, Verdict
 from shared.runtime import Runtime, entry
 
@@ -86,10 +87,6 @@ Key = tuple[str, str]
 _DELETES = (DeleteComponent, ForceDeleteComponent, DeleteLeftoverPods, ForceDeletePods)
 # Phases that end an incident's trace (besides Running again after a reset).
 _INCIDENT_ENDS = ("Succeeded", "Failed", "Suspended")
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def key_of(message: Message) -> Key | None:

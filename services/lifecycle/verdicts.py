@@ -21,8 +21,9 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from services.lifecycle.conditions import as_utc, is_true, transition_time
+from services.lifecycle.conditions import is_true, transition_time
 from shared.appwrapper.constants import ConditionType
+from shared.kubetime import as_utc
 from shared.messages import Verdict
 
 __all__ = ["VerdictRelation", "VerdictUse", "attempt_start", "resetting_count", "verdict_relation"]

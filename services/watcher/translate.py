@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from shared import subjects
 from shared.appwrapper.constants import APPWRAPPER_LABEL
+from shared.kubetime import parse_kube_time
 from shared.messages import (
     AppWrapperObservation,
     ComponentObservation,
@@ -27,15 +28,6 @@ from shared.messages import (
 # Kinds whose status the watcher interprets (the others are observed for existence only).
 JOB = ("batch/v1", "Job")
 PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
-
-
-def parse_time(value: Any) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def _ref(obj: dict[str, Any]) -> ObjectRef:
@@ -56,7 +48,7 @@ def _containers(status: dict[str, Any]) -> tuple[ContainerState, ...]:
                 term = state["terminated"] or {}
                 exit_code = term.get("exitCode")
                 reason = term.get("reason", "")
-                finished = parse_time(term.get("finishedAt"))
+                finished = parse_kube_time(term.get("finishedAt"))
             elif "running" in state:
                 kind = "running"
             elif "waiting" in state:
@@ -109,7 +101,7 @@ def pod_observation(obj: dict[str, Any], *, deleted: bool, now: datetime) -> Pod
         resource_version=meta.get("resourceVersion", ""),
         deleted=deleted,
         observed_at=now,
-        created_at=parse_time(meta.get("creationTimestamp")),
+        created_at=parse_kube_time(meta.get("creationTimestamp")),
         deletion_requested=bool(meta.get("deletionTimestamp")),
         phase=status.get("phase") or "Pending",
         node_name=spec.get("nodeName") or "",
@@ -164,7 +156,7 @@ def component_observation(
         failed=failed,
         succeeded=succeeded,
         status_message=message,
-        created_at=parse_time(meta.get("creationTimestamp")),
+        created_at=parse_kube_time(meta.get("creationTimestamp")),
     )
 
 

@@ -12,7 +12,6 @@ so that reading an object written by a newer upstream and writing it back loses 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -20,6 +19,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.functional_serializers import PlainSerializer
 
 from shared.appwrapper.constants import API_VERSION, KIND, ConditionStatus, ConditionType, Phase
+from shared.kubetime import format_kube_time
 
 __all__ = [
     "AppWrapper",
@@ -42,11 +42,6 @@ __all__ = [
 
 class AppWrapperError(ValueError):
     """An AppWrapper body that does not match the v1beta2 schema."""
-
-
-def format_kube_time(value: datetime) -> str:
-    """RFC 3339 in UTC with second precision: the wire format of metav1.Time."""
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # Timezone-aware on purpose: a naive datetime would silently mean "local time" and shift every

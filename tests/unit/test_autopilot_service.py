@@ -21,7 +21,6 @@ from services.autopilot.nodes import NodeHealthState, ResourceNodes, apply, rebu
 from services.autopilot.service import (
     AutopilotService,
     NodeChange,
-    as_utc,
     consumer_name,
     due_verdicts,
     node_changes,
@@ -98,11 +97,6 @@ def test_sets_of_none_is_empty_and_of_a_verdict_is_its_sets() -> None:
     assert sets_of(nv(no_execute=("a",), no_schedule=("b",), prefer=("c",))) == ResourceNodes(
         no_schedule=frozenset({"b"}), prefer_no_schedule=frozenset({"c"}), no_execute=frozenset({"a"})
     )
-
-
-def test_as_utc_reads_naive_times_as_utc() -> None:
-    assert as_utc(datetime(2025, 1, 1, 12, 0)) == NOW
-    assert as_utc(NOW.astimezone(UTC)) == NOW
 
 
 def test_due_verdicts_without_history_covers_every_resource_asked_for_even_healthy_ones() -> None:

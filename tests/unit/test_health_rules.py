@@ -12,7 +12,6 @@ import pytest
 from services.health.rules import REASON_APPWRAPPER_DELETED, Decision, evaluate, verdict_msg_id
 from services.health.state import AppWrapperHealth, Observation, affected_by, apply, remember_published
 from shared.appwrapper.constants import CONTROLLER_NAME
-from shared.appwrapper.model import format_kube_time
 from shared.appwrapper.params import (
     ADMISSION_GRACE_PERIOD_ANNOTATION,
     FAILURE_GRACE_PERIOD_ANNOTATION,
@@ -21,6 +20,7 @@ from shared.appwrapper.params import (
     WARMUP_GRACE_PERIOD_ANNOTATION,
 )
 from shared.faulttolerance import FaultTolerance
+from shared.kubetime import format_kube_time
 from shared.messages import (
     AppWrapperObservation,
     ComponentObservation,

@@ -9,17 +9,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.lifecycle.conditions import (
-    as_utc,
     clear_condition,
     condition_status,
     find_condition,
-    format_time,
     is_true,
-    parse_time,
     set_condition,
     transition_time,
     truncate,
 )
+from shared.kubetime import as_utc, format_kube_time, parse_kube_time
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
 LATER = T0 + timedelta(minutes=5)
@@ -143,13 +141,13 @@ def test_readers_tolerate_malformed_entries() -> None:
 
 def test_times_are_utc_whole_seconds_on_the_wire() -> None:
     naive = datetime(2025, 3, 1, 12, 0, 0, 999_999)
-    assert format_time(naive) == "2025-03-01T12:00:00Z"
+    assert format_kube_time(naive) == "2025-03-01T12:00:00Z"
     assert as_utc(naive).tzinfo is UTC
     assert truncate(naive) == T0
-    assert parse_time("2025-03-01T13:00:00+01:00") == T0
-    assert parse_time("2025-03-01T12:00:00.5Z") == T0 + timedelta(milliseconds=500)
-    assert parse_time("nonsense") is None
-    assert parse_time(None) is None
+    assert parse_kube_time("2025-03-01T13:00:00+01:00") == T0
+    assert parse_kube_time("2025-03-01T12:00:00.5Z") == T0 + timedelta(milliseconds=500)
+    assert parse_kube_time("nonsense") is None
+    assert parse_kube_time(None) is None
 
 
 @given(

@@ -24,7 +24,7 @@ from services.lifecycle.actions import (
     LifecycleEventType,
     PublishLifecycleEvent,
 )
-from services.lifecycle.conditions import find_condition, parse_time
+from services.lifecycle.conditions import find_condition
 from services.lifecycle.deletion import DELETION_POLL
 from services.lifecycle.machine import CREATE_RETRY_INTERVAL, FinalizerChange, Plan, reconcile
 from services.lifecycle.observed import Observed, ObservedComponent, ObservedPod, Presence
@@ -41,6 +41,7 @@ from shared.appwrapper.constants import (
     Phase,
 )
 from shared.faulttolerance import FaultTolerance
+from shared.kubetime import parse_kube_time
 from shared.messages import ObjectRef, Verdict
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -131,7 +132,7 @@ def cond(aw_or_status: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:
 
 
 def ltt(aw: Mapping[str, Any], ctype: str) -> datetime:
-    when = parse_time(cond(aw, ctype)["lastTransitionTime"])
+    when = parse_kube_time(cond(aw, ctype)["lastTransitionTime"])
     assert when is not None
     return when
 
