@@ -166,13 +166,12 @@ async def connect(
     """Connect to the API server and NATS, and follow the namespace on watches and the verdict
     stream. Everything opened here is closed (and the namespace deleted, and the controller
     resumed) when ``stack`` closes, whatever happened in between."""
-    ns = namespace
     kube = await Kube.connect(kubeconfig)
     stack.push_async_callback(kube.close)
     t_start = time.time()
     if create_namespace:
-        stack.push_async_callback(_delete_namespace, kubeconfig, ns)
-    session = await Session.open(kube, kubeconfig, ns)
+        stack.push_async_callback(_delete_namespace, kubeconfig, namespace)
+    session = await Session.open(kube, kubeconfig, namespace)
     if create_namespace:
         await session.create_namespace()
     tracker = Tracker(cfg.seconds(cfg.warmup_grace))
@@ -184,7 +183,7 @@ async def connect(
     stack.push_async_callback(_cancel, tasks)
     nc = await nats.connect(nats_url, name="respawn-bench")
     stack.push_async_callback(_quietly, nc.close)
-    await subscribe_verdicts(nc, ns, tracker)
+    await subscribe_verdicts(nc, namespace, tracker)
     sampler = Sampler(kubeconfig, {**processes, **testbed_processes}, nc.jetstream())
     return Bench(cfg, session, tracker, driver, sampler, processes, testbed_processes, log, t_start)
 
