@@ -18,18 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from bench import run, upstream
+from bench.config import CONTROLLERS, BenchError, add_arguments, config_from
+from bench.report import describe, figures, format_value, violation_lines
 from respawn.testbed.errors import TestbedError
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CONTROLLERS = ("respawn", "upstream")
-MEASURES = ("detection", "reaction", "recovery")
+# The latencies the plot shows, one panel each (the verdict is drawn into detection's).
+PLOTTED = ("detection", "reaction", "recovery")
 
 
 def compare_rows(results: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, str, str]]:
     """(figure, Respawn, upstream, upstream ÷ Respawn) for every figure either run has."""
-    by_controller = {
-        c: {n: (v, u) for n, v, u in run.figures(r)} for c, r in results.items() if "error" not in r
-    }
+    by_controller = {c: {n: (v, u) for n, v, u in figures(r)} for c, r in results.items() if "error" not in r}
     names: list[str] = []
     for c in CONTROLLERS:
         for name in by_controller.get(c, {}):
@@ -42,7 +42,7 @@ def compare_rows(results: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, st
         for c in CONTROLLERS:
             value, unit = by_controller.get(c, {}).get(name, (None, ""))
             values.append(value)
-            cells.append(run.format_value(value, unit) if c in by_controller else "n/a")
+            cells.append(format_value(value, unit) if c in by_controller else "n/a")
         unit = next(
             (u for c in CONTROLLERS for n, (_, u) in by_controller.get(c, {}).items() if n == name), ""
         )
@@ -56,10 +56,8 @@ def compare_rows(results: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, st
 
 def render(results: Mapping[str, Mapping[str, Any]]) -> str:
     first = next(iter(results.values()))
-    cfg = first.get("config", {})
     lines = [
-        f"## {cfg.get('appwrappers')} AppWrappers x {cfg.get('pods_per_aw')} pods, "
-        f"{cfg.get('fault_rate')} faults/s for {cfg.get('duration')}s, seed {cfg.get('seed')}",
+        f"## {describe(first.get('config', {}))}",
         "",
         "| figure | Respawn | upstream | upstream ÷ Respawn |",
         "|---|---|---|---|",
@@ -76,9 +74,7 @@ def render(results: Mapping[str, Mapping[str, Any]]) -> str:
         correctness = r.get("correctness", {})
         verdict = "OK" if correctness.get("ok") else "VIOLATIONS"
         lines.append(f"\n{c} correctness: {verdict}")
-        for key in run.VIOLATIONS:
-            for item in correctness.get(key, [])[:10]:
-                lines.append(f"  {key}: {item}")
+        lines.extend(violation_lines(correctness))
         api = r.get("cost", {}).get("api_requests_per_min_idle")
         if api:
             lines.append(f"  idle API requests/min by request: {api['controller_by_request']}")
@@ -87,17 +83,19 @@ def render(results: Mapping[str, Mapping[str, Any]]) -> str:
 
 def plot(results: Mapping[str, Mapping[str, Any]], path: Path) -> bool:
     """Empirical CDFs of each latency, both controllers on one log-scale axis. False without matplotlib."""
+    # matplotlib is optional (the bench extra) and ships its own types; the ignores are for a
+    # type check where it is not installed.
     try:
-        import matplotlib
+        import matplotlib  # type: ignore[import-not-found, unused-ignore]
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import NullFormatter
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]
+        from matplotlib.ticker import NullFormatter  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         return False
-    fig, axes = plt.subplots(1, len(MEASURES), figsize=(5 * len(MEASURES), 4), constrained_layout=True)
+    fig, axes = plt.subplots(1, len(PLOTTED), figsize=(5 * len(PLOTTED), 4), constrained_layout=True)
     styles = {"respawn": "tab:blue", "upstream": "tab:orange"}
-    for ax, measure in zip(axes, MEASURES, strict=True):
+    for ax, measure in zip(axes, PLOTTED, strict=True):
         series: list[tuple[str, list[float], str, str]] = []
         for c in CONTROLLERS:
             lat = results.get(c, {}).get("latency", {})
@@ -119,11 +117,7 @@ def plot(results: Mapping[str, Mapping[str, Any]], path: Path) -> bool:
         ax.set_title(measure)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
-    first = next(iter(results.values())).get("config", {})
-    fig.suptitle(
-        f"{first.get('appwrappers')} AppWrappers x {first.get('pods_per_aw')} pods, "
-        f"{first.get('fault_rate')} faults/s, seed {first.get('seed')}"
-    )
+    fig.suptitle(describe(next(iter(results.values())).get("config", {}), duration=False))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
@@ -133,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    run.add_arguments(parser)
+    add_arguments(parser)
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON and PNG go")
     parser.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     parser.add_argument(
@@ -153,13 +147,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             results[controller] = json.loads(Path(loaded[controller]).read_text())
             continue
         try:
-            results[controller] = run.run(run.config_from(args, controller), args.state_dir)
+            results[controller] = run.run(config_from(args, controller), args.state_dir)
             # Saved at once: a failure of the next run must not lose this one.
             (args.out / f"{stem}-{controller}.json").write_text(json.dumps(results[controller], default=str))
         except upstream.UpstreamUnavailable as exc:
             print(f"upstream controller not run: {exc}", file=sys.stderr)
             results[controller] = {"controller": controller, "error": str(exc)}
-        except (run.BenchError, TestbedError) as exc:
+        except (BenchError, TestbedError) as exc:
             print(f"error: {controller}: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
     document = {"results": results, "table": compare_rows(results)}

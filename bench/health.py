@@ -26,56 +26,27 @@ from typing import Any
 
 import nats
 
-from bench.common import fmt_ms, percentiles, usage
+from bench import testbed
+from bench.polling import until
+from bench.procstat import settle, usage, usage_lines
+from bench.report import fmt_ms, percentiles
+from bench.session import Session
+from bench.workload import failed_pod_status, job_appwrapper, observed_job_appwrapper
+from respawn.testbed.cluster import _http_ok
 from respawn.testbed.nats import start_nats
 from respawn.testbed.ports import free_port
 from respawn.testbed.process import start, stop_pid, wait_until
 from shared import subjects
+from shared.appwrapper import params
+from shared.appwrapper.constants import APPWRAPPER_LABEL
 from shared.bus import Bus
+from shared.kubetime import format_kube_time
 from shared.messages import AppWrapperObservation, ContainerState, ObjectRef, PodObservation, Verdict, decode
 
-
-def _aw_body(ns: str, name: str, uid: str, pods: int, deployed: str) -> dict[str, Any]:
-    cond = {
-        "type": "ResourcesDeployed",
-        "status": "True",
-        "lastTransitionTime": deployed,
-        "reason": "Resuming",
-    }
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": {"name": name, "namespace": ns, "uid": uid, "annotations": {}},
-        "spec": {
-            "components": [
-                {
-                    "template": {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "metadata": {"name": name},
-                        "spec": {
-                            "parallelism": pods,
-                            "completions": pods,
-                            "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}},
-                        },
-                    }
-                }
-            ]
-        },
-        "status": {
-            "phase": "Running",
-            "resettingCount": 0,
-            "conditions": [cond],
-            "componentStatus": [
-                {
-                    "name": name,
-                    "kind": "Job",
-                    "apiVersion": "batch/v1",
-                    "podSets": [{"replicas": pods, "path": "template.spec.template"}],
-                }
-            ],
-        },
-    }
+# The testbed the latency benchmark expects (`respawn local up --nodes 80`).
+NODES = 80
+# How long 1,000 AppWrappers x 8 pods may take to start on that testbed.
+START_LIMIT = 1800.0
 
 
 async def throughput(appwrappers: int, pods: int) -> None:
@@ -95,17 +66,16 @@ async def throughput(appwrappers: int, pods: int) -> None:
             "RESPAWN_LOG_LEVEL": "WARNING",
         }
         proc = start("health", [sys.executable, "-m", "services.health"], tmp / "health.log", env=env)
-        from respawn.testbed.cluster import _http_ok
-
         wait_until(proc, lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"), timeout=60, what="ready")
         cpu0 = usage(proc.pid)
 
         now = datetime.now(UTC)
-        deployed = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        deployed = format_kube_time(now)
         messages: list[tuple[str, Any, str]] = []
         for i in range(appwrappers):
             ns, name, uid = "bench", f"aw-{i}", f"uid-{i}"
-            body = _aw_body(ns, name, uid, pods, deployed)
+            body = observed_job_appwrapper(ns, name, uid, pods, deployed)
+            container = body["spec"]["components"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
             obs = AppWrapperObservation(
                 ref=ObjectRef(namespace=ns, name=name, uid=uid), observed_at=now, body=body
             )
@@ -119,7 +89,7 @@ async def throughput(appwrappers: int, pods: int) -> None:
                     phase="Running",
                     node_name=f"node-{p % 4}",
                     scheduled=True,
-                    containers=(ContainerState(name="c", state="running", ready=True),),
+                    containers=(ContainerState(name=container["name"], state="running", ready=True),),
                 )
                 messages.append(
                     (subjects.appwrapper_obs(ns, name, "pod", f"{name}-{p}"), pod, f"pod:{uid}-{p}")
@@ -178,50 +148,37 @@ async def throughput(appwrappers: int, pods: int) -> None:
 
 
 async def latency(state_dir: Path, appwrappers: int, pods: int, samples: int) -> None:
-    from respawn.testbed.cluster import State
-    from shared.kube import Kube
-
-    state = State.load(state_dir)
-    if state is None:
-        raise SystemExit(
-            f"no testbed in {state_dir}; run: respawn local up --state-dir {state_dir} --nodes 80"
-        )
-    kube = await Kube.connect(state.kubeconfig)
-    aw_ref = await kube.resource("workload.codeflare.dev/v1beta2", "AppWrapper")
-    pod_ref = await kube.resource("v1", "Pod")
-    ns_ref = await kube.resource("v1", "Namespace")
-    ns = f"bench-{int(time.time())}"
-    await kube.create(ns_ref, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    state = testbed.load(state_dir, NODES)
+    session = await Session.connect(state.kubeconfig, f"bench-{int(time.time())}")
+    kube, ns, pod_ref = session.kube, session.namespace, session.refs["pod"]
+    await session.create_namespace()
     t0 = time.perf_counter()
     sem = asyncio.Semaphore(32)
+    annotations = {params.FAILURE_GRACE_PERIOD_ANNOTATION: "0s", params.RETRY_LIMIT_ANNOTATION: "0"}
 
     async def create(i: int) -> None:
-        aw = _aw_body(ns, f"aw-{i}", "", pods, "")
-        aw.pop("status")
-        aw["metadata"].pop("uid")
-        aw["metadata"]["annotations"] = {
-            "workload.codeflare.dev.appwrapper/failureGracePeriodDuration": "0s",
-            "workload.codeflare.dev.appwrapper/retryLimit": "0",
-        }
-        aw["spec"]["components"][0]["template"]["spec"]["template"]["spec"]["restartPolicy"] = "Never"
         async with sem:
-            await kube.create(aw_ref, aw, ns)
+            await kube.create(session.refs["aw"], job_appwrapper(f"aw-{i}", pods, annotations), ns)
 
     await asyncio.gather(*(create(i) for i in range(appwrappers)))
     print(
         f"created {appwrappers} AppWrappers in {time.perf_counter() - t0:.1f}s; waiting for all pods Running"
     )
-    while True:
+
+    async def all_running() -> bool:
         listing = await kube.list(pod_ref, ns, fieldSelector="status.phase=Running")
         running = len(listing.get("items", []))
-        if running >= appwrappers * pods:
-            break
-        print(
-            f"  {running}/{appwrappers * pods} pods running after {time.perf_counter() - t0:.0f}s", flush=True
-        )
-        await asyncio.sleep(5)
+        if running < appwrappers * pods:
+            print(
+                f"  {running}/{appwrappers * pods} pods running after {time.perf_counter() - t0:.0f}s",
+                flush=True,
+            )
+        return running >= appwrappers * pods
+
+    await until("all pods Running", all_running, within=START_LIMIT, every=5)
     print(f"all {appwrappers * pods} pods Running after {time.perf_counter() - t0:.1f}s")
-    await asyncio.sleep(2)  # let health see the Running state of every pod before injecting faults
+    # Health has to have seen every pod Running before the faults: wait until the services are quiet.
+    await settle(testbed.services(state))
 
     nc = await nats.connect(state.nats_url)
     received: dict[str, float] = {}
@@ -232,30 +189,18 @@ async def latency(state_dir: Path, appwrappers: int, pods: int, samples: int) ->
             received[v.ref.name] = time.perf_counter()
 
     await nc.subscribe(f"{subjects.VERDICT_PREFIX}.{subjects.token(ns)}.*", cb=on_verdict)
-    listing = await kube.list(pod_ref, ns)
-    by_aw: dict[str, str] = {}
-    for p in listing["items"]:
-        aw = p["metadata"]["labels"].get("workload.codeflare.dev/appwrapper", "")
-        by_aw.setdefault(aw, p["metadata"]["name"])
+    by_aw: dict[str, dict[str, Any]] = {}
+    for p in (await kube.list(pod_ref, ns))["items"]:
+        by_aw.setdefault(p["metadata"]["labels"].get(APPWRAPPER_LABEL, ""), p)
     sent: dict[str, float] = {}
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = datetime.now(UTC)
     for name in sorted(by_aw)[:samples]:
-        patch = {
-            "status": {
-                "phase": "Failed",
-                "containerStatuses": [
-                    {
-                        "name": "c",
-                        "image": "x",
-                        "ready": False,
-                        "restartCount": 0,
-                        "state": {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": now}},
-                    }
-                ],
-            }
-        }
+        pod = by_aw[name]
+        patch = failed_pod_status(
+            [(c["name"], c.get("image", "")) for c in pod["spec"]["containers"]], 1, now
+        )
         sent[name] = time.perf_counter()
-        await kube.patch(pod_ref, by_aw[name], patch, ns, subresource="status")
+        await kube.patch(pod_ref, pod["metadata"]["name"], patch, ns, subresource="status")
         await asyncio.sleep(0.05)
     deadline = time.monotonic() + 60
     while len(received) < len(sent) and time.monotonic() < deadline:  # noqa: ASYNC110 - polling a deadline
@@ -266,16 +211,10 @@ async def latency(state_dir: Path, appwrappers: int, pods: int, samples: int) ->
         f"({appwrappers} AppWrappers x {pods} pods running, FailureGracePeriod 0):"
     )
     print(f"  {fmt_ms(percentiles(lat))}; missing: {len(sent) - len(lat)}")
-    for name, pid in sorted(state.pids.items()):
-        if name in ("watcher", "health", "lifecycle", "autopilot"):
-            u = usage(pid)
-            print(
-                f"  {name}: cpu {u.cpu_seconds:.1f}s, rss {u.rss_mib:.0f} MiB, "
-                f"peak rss {u.peak_rss_mib:.0f} MiB"
-            )
+    print("\n".join(usage_lines(testbed.services(state))))
     print(json.dumps({"namespace": ns}))
     await nc.close()
-    await kube.close()
+    await session.close()
 
 
 def main() -> None:

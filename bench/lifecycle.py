@@ -18,112 +18,90 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import nats
 
-from bench.common import fmt_ms, percentiles, settle, usage
-from respawn.testbed import manifests
-from respawn.testbed.cluster import State
+from bench import testbed
+from bench.polling import until
+from bench.procstat import settle, usage_lines
+from bench.report import fmt_ms, percentiles
+from bench.session import Session
+from bench.workload import failed_pod_status, job_appwrapper
 from shared import subjects
-from shared.kube import Kube, ResourceRef
+from shared.appwrapper import params
 from shared.kube.watch import list_then_watch
+from shared.kubetime import parse_kube_time
 from shared.messages import ObjectRef, Verdict
 
-
-def appwrapper(name: str, pods: int, annotations: dict[str, str]) -> dict[str, Any]:
-    return manifests.job_appwrapper(name, pods=pods, annotations=annotations, job_name=name)
-
-
-def parse_time(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+# The testbed these benchmarks expect (`respawn local up --nodes 16`).
+NODES = 16
+# How long one step of a reset (all pods running; reset done) may take.
+RESET_LIMIT = 300.0
 
 
-async def setup(state_dir: Path) -> tuple[State, Kube, ResourceRef, ResourceRef, ResourceRef]:
-    state = State.load(state_dir)
-    if state is None:
-        raise SystemExit(
-            f"no testbed in {state_dir}; run: respawn local up --state-dir {state_dir} --nodes 16"
+async def all_in_phase(session: Session, count: int, phase: str, limit: float) -> None:
+    async def done() -> bool:
+        return (
+            sum(1 for a in await session.listing("aw") if (a.get("status") or {}).get("phase") == phase)
+            >= count
         )
-    kube = await Kube.connect(state.kubeconfig)
-    aw_ref = await kube.resource("workload.codeflare.dev/v1beta2", "AppWrapper")
-    job_ref = await kube.resource("batch/v1", "Job")
-    ns_ref = await kube.resource("v1", "Namespace")
-    return state, kube, aw_ref, job_ref, ns_ref
 
-
-async def wait_phase(
-    kube: Kube, aw_ref: ResourceRef, ns: str, names: list[str], phase: str, limit: float
-) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        listing = await kube.list(aw_ref, ns)
-        done = sum(1 for a in listing["items"] if (a.get("status") or {}).get("phase") == phase)
-        if done >= len(names):
-            return
-        await asyncio.sleep(1.0)
-    raise SystemExit(f"AppWrappers not all {phase} after {limit:.0f}s")
-
-
-def report_processes(state: State) -> None:
-    for name, pid in sorted(state.pids.items()):
-        if name in ("watcher", "health", "lifecycle", "autopilot"):
-            u = usage(pid)
-            print(
-                f"  {name}: cpu {u.cpu_seconds:.1f}s, rss {u.rss_mib:.0f} MiB, peak {u.peak_rss_mib:.0f} MiB"
-            )
+    await until(f"AppWrappers all {phase}", done, within=limit, every=1.0)
 
 
 async def verdict_to_delete(state_dir: Path, count: int, samples: int, reuse: str | None) -> None:
-    state, kube, aw_ref, job_ref, ns_ref = await setup(state_dir)
+    state = testbed.load(state_dir, NODES)
+    session = await Session.connect(state.kubeconfig, reuse or f"bench-lc-{int(time.time())}")
+    ns = session.namespace
     if reuse:
         # Another round on AppWrappers an earlier run left Running (those it reset are Failed).
-        ns = reuse
-        listing = await kube.list(aw_ref, ns)
         names = sorted(
             a["metadata"]["name"]
-            for a in listing["items"]
+            for a in await session.listing("aw")
             if (a.get("status") or {}).get("phase") == "Running"
         )
         print(f"{len(names)} AppWrappers Running in {ns}")
     else:
-        ns = f"bench-lc-{int(time.time())}"
-        await kube.create(ns_ref, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        await session.create_namespace()
         names = [f"aw-{i}" for i in range(count)]
         sem = asyncio.Semaphore(32)
-        annotations = {"workload.codeflare.dev.appwrapper/retryLimit": "0"}
+        annotations = {params.RETRY_LIMIT_ANNOTATION: "0"}
 
         async def create(name: str) -> None:
             async with sem:
-                await kube.create(aw_ref, appwrapper(name, 1, annotations), ns)
+                await session.kube.create(session.refs["aw"], job_appwrapper(name, 1, annotations), ns)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(create(n) for n in names))
-        await wait_phase(kube, aw_ref, ns, names, "Running", 900)
+        await all_in_phase(session, len(names), "Running", 900)
         print(f"{count} AppWrappers Running after {time.perf_counter() - t0:.1f}s")
     if len(names) < samples:
         raise SystemExit(f"only {len(names)} AppWrappers Running in {ns}; fewer than --samples {samples}")
-    services = {n: p for n, p in state.pids.items() if n in ("watcher", "health", "lifecycle", "autopilot")}
-    waited = await settle(services)
+    waited = await settle(testbed.services(state))
     print(f"services quiet after {waited:.1f}s more (steady state: measuring now)")
 
     deleted: dict[str, float] = {}
+    synced = asyncio.Event()
 
     async def watch_jobs() -> None:
-        async for event in list_then_watch(kube, job_ref, namespace=ns):
+        async for event in list_then_watch(session.kube, session.refs["job"], namespace=ns):
+            if event.type == "SYNCED":
+                synced.set()
+                continue
             meta = event.obj.get("metadata", {})
             if event.type == "DELETED" or meta.get("deletionTimestamp"):
                 deleted.setdefault(meta.get("name", ""), time.perf_counter())
 
     watcher = asyncio.create_task(watch_jobs())
-    await asyncio.sleep(1.0)
+    await asyncio.wait_for(synced.wait(), 60)
     nc = await nats.connect(state.nats_url)
     js = nc.jetstream()
     sent: dict[str, float] = {}
-    listing = await kube.list(aw_ref, ns)
-    by_name = {a["metadata"]["name"]: a for a in listing["items"]}
+    by_name = {a["metadata"]["name"]: a for a in await session.listing("aw")}
     for name in names[:samples]:
         aw = by_name[name]
         cond = next(c for c in aw["status"]["conditions"] if c["type"] == "ResourcesDeployed")
@@ -137,7 +115,7 @@ async def verdict_to_delete(state_dir: Path, count: int, samples: int, reuse: st
             first_unhealthy_at=now,
             decided_at=now,
             seq=1000,
-            attempt_started_at=parse_time(cond["lastTransitionTime"]),
+            attempt_started_at=parse_kube_time(cond["lastTransitionTime"]),
         )
         sent[name] = time.perf_counter()
         await js.publish(
@@ -152,66 +130,57 @@ async def verdict_to_delete(state_dir: Path, count: int, samples: int, reuse: st
         f"Unhealthy verdict on the stream -> first delete of the wrapped Job ({count} AppWrappers running):"
     )
     print(f"  {fmt_ms(percentiles(lat))}; missing: {len(sent) - len(lat)}")
-    report_processes(state)
+    print("\n".join(usage_lines(testbed.services(state))))
     watcher.cancel()
     await nc.close()
-    await kube.close()
+    await session.close()
     print(json.dumps({"namespace": ns}))
 
 
 async def reset_overhead(state_dir: Path, pods: int, rounds: int) -> None:
-    state, kube, aw_ref, _job_ref, ns_ref = await setup(state_dir)
-    pod_ref = await kube.resource("v1", "Pod")
-    ns = f"bench-reset-{int(time.time())}"
-    await kube.create(ns_ref, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    state = testbed.load(state_dir, NODES)
+    session = await Session.connect(state.kubeconfig, f"bench-reset-{int(time.time())}")
+    kube, ns, aw_ref = session.kube, session.namespace, session.refs["aw"]
+    await session.create_namespace()
     annotations = {
-        "workload.codeflare.dev.appwrapper/failureGracePeriodDuration": "0s",
-        "workload.codeflare.dev.appwrapper/retryPausePeriodDuration": "0s",
-        "workload.codeflare.dev.appwrapper/retryLimit": str(rounds + 1),
+        params.FAILURE_GRACE_PERIOD_ANNOTATION: "0s",
+        params.RETRY_PAUSE_PERIOD_ANNOTATION: "0s",
+        params.RETRY_LIMIT_ANNOTATION: str(rounds + 1),
     }
-    await kube.create(aw_ref, appwrapper("big", pods, annotations), ns)
+    await kube.create(aw_ref, job_appwrapper("big", pods, annotations), ns)
+
+    async def all_running() -> list[dict[str, Any]]:
+        listing = await kube.list(session.refs["pod"], ns, fieldSelector="status.phase=Running")
+        running = [p for p in listing["items"] if not p["metadata"].get("deletionTimestamp")]
+        aw = await kube.get(aw_ref, "big", ns)
+        return running if len(running) >= pods and aw["status"].get("phase") == "Running" else []
+
+    def reset(count: int) -> Callable[[], Awaitable[bool]]:
+        async def done() -> bool:
+            status = (await kube.get(aw_ref, "big", ns)).get("status") or {}
+            return bool(status.get("resettingCount", 0) == count and status.get("phase") == "Running")
+
+        return done
+
     results: list[float] = []
     for attempt in range(rounds):
-        # Wait for all pods of this attempt to run.
-        while True:
-            listing = await kube.list(pod_ref, ns, fieldSelector="status.phase=Running")
-            running = [p for p in listing["items"] if not p["metadata"].get("deletionTimestamp")]
-            aw = await kube.get(aw_ref, "big", ns)
-            if len(running) >= pods and aw["status"].get("phase") == "Running":
-                break
-            await asyncio.sleep(0.2)
-        victim = running[0]["metadata"]["name"]
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        patch = {
-            "status": {
-                "phase": "Failed",
-                "containerStatuses": [
-                    {
-                        "name": "c",
-                        "image": "x",
-                        "ready": False,
-                        "restartCount": 0,
-                        "state": {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": stamp}},
-                    }
-                ],
-            }
-        }
+        # Every pod of this attempt running.
+        running = await until(f"{pods} pods Running", all_running, within=RESET_LIMIT, every=0.2)
+        victim = running[0]
+        patch = failed_pod_status(
+            [(c["name"], c.get("image", "")) for c in victim["spec"]["containers"]], 1, datetime.now(UTC)
+        )
         t_fail = time.perf_counter()
-        await kube.patch(pod_ref, victim, patch, ns, subresource="status")
+        await kube.patch(session.refs["pod"], victim["metadata"]["name"], patch, ns, subresource="status")
         # Resetting, then Running again (new components created) with the count incremented.
-        while True:
-            aw = await kube.get(aw_ref, "big", ns)
-            status = aw.get("status") or {}
-            if status.get("resettingCount", 0) == attempt + 1 and status.get("phase") == "Running":
-                break
-            await asyncio.sleep(0.05)
+        await until(f"reset {attempt + 1} done", reset(attempt + 1), within=RESET_LIMIT, every=0.05)
         elapsed = time.perf_counter() - t_fail
         results.append(elapsed)
         print(f"  reset {attempt + 1}: pod failure -> Running again in {elapsed * 1000:.0f} ms", flush=True)
     print(f"full reset of a {pods}-pod workload, grace and pause periods 0 (overhead = whole time):")
     print(f"  {fmt_ms(percentiles(results))}")
-    report_processes(state)
-    await kube.close()
+    print("\n".join(usage_lines(testbed.services(state))))
+    await session.close()
     print(json.dumps({"namespace": ns}))
 
 

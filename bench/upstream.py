@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from bench.progress import Log, quiet
 from respawn.testbed import binaries
 from respawn.testbed.cluster import _http_ok, kubectl
 from respawn.testbed.ports import free_port
@@ -44,15 +45,9 @@ PROCESS_NAME = "appwrapper-upstream"
 RESPAWN_CRD = binaries.REPO_ROOT / "deploy" / "crd" / "appwrapper.yaml"
 UPSTREAM_CRD = "config/crd/bases/workload.codeflare.dev_appwrappers.yaml"
 
-Log = Callable[[str], None]
-
 
 class UpstreamUnavailable(Exception):
     """The upstream controller cannot be built or run here; the message is one line saying why."""
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 def binary_path() -> Path:
@@ -69,7 +64,7 @@ def _last_line(text: str) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
-def build(*, log: Log = _quiet) -> Path:
+def build(*, log: Log = quiet) -> Path:
     """Build the controller once (idempotent) and return its path.
 
     ``go install module/cmd@version`` cannot be used: it asks the proxy for the module's version
@@ -249,7 +244,7 @@ def start(
     config: OperatorConfig | None = None,
     namespace: str = NAMESPACE,
     ready_timeout: float = 120.0,
-    log: Log = _quiet,
+    log: Log = quiet,
 ) -> UpstreamController:
     """Build if needed, then run the controller until its AppWrapper workers have started."""
     binary = build(log=log)

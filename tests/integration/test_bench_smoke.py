@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.run import BenchConfig, PlannedFault, run_bench
+from bench.config import BenchConfig, PlannedFault
+from bench.run import run_bench
 from respawn.testbed.modes import Endpoints
 from respawn.testbed.services import SERVICES
 from tests.integration.conftest import ServiceFactory

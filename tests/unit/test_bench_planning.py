@@ -1,7 +1,7 @@
 """The benchmark harness's pure functions: plans, manifests, measurements, figures and tables.
 
-Complements test_bench_plans.py with edge cases, exact arithmetic and validity checks against
-Respawn's own AppWrapper model; every input is built by hand, nothing talks to a server.
+Edge cases, exact arithmetic and validity checks against Respawn's own AppWrapper model; every
+input is built by hand, nothing talks to a server.
 """
 
 from __future__ import annotations
@@ -14,8 +14,23 @@ from typing import Any
 
 import pytest
 
-from bench import common, compare, run
-from bench.common import ProcUsage, fmt_ms, percentiles
+from bench import compare, report
+from bench.config import (
+    CONTROLLERS,
+    DEFAULT_MIX,
+    BenchConfig,
+    PlannedFault,
+    add_arguments,
+    config_from,
+    parse_mix,
+)
+from bench.correctness import VIOLATIONS
+from bench.plan import AwSpec, nodes_needed, plan_faults, plan_workload
+from bench.procstat import ProcUsage
+from bench.report import cost, figures, fmt_ms, format_value, latencies, percentiles, render
+from bench.samples import Snapshot, Window, api_requests
+from bench.tracker import Fault
+from bench.workload import appwrapper_manifest
 from respawn.testbed import sim
 from shared.appwrapper import params
 from shared.appwrapper.model import parse_appwrapper
@@ -31,8 +46,8 @@ from shared.faulttolerance import FaultTolerance
 GPU = "nvidia.com/gpu"
 
 
-def cfg(**changes: Any) -> run.BenchConfig:
-    return run.BenchConfig(**changes)
+def cfg(**changes: Any) -> BenchConfig:
+    return BenchConfig(**changes)
 
 
 # ------------------------------------------------------------------ plan_workload
@@ -52,7 +67,7 @@ def cfg(**changes: Any) -> run.BenchConfig:
 def test_workload_has_exactly_the_requested_shares(
     n: int, gpu_fraction: float, pytorch_fraction: float, gpus: int, pytorchjobs: int
 ) -> None:
-    plan = run.plan_workload(
+    plan = plan_workload(
         cfg(appwrappers=n, pods_per_aw=5, gpu_fraction=gpu_fraction, pytorch_fraction=pytorch_fraction)
     )
     assert len(plan) == n
@@ -64,16 +79,14 @@ def test_workload_has_exactly_the_requested_shares(
 
 def test_workload_is_a_function_of_the_seed() -> None:
     base = cfg(appwrappers=60, gpu_fraction=0.5, pytorch_fraction=0.5, seed=11)
-    plan = run.plan_workload(base)
-    assert run.plan_workload(cfg(appwrappers=60, gpu_fraction=0.5, pytorch_fraction=0.5, seed=11)) == plan
+    plan = plan_workload(base)
+    assert plan_workload(cfg(appwrappers=60, gpu_fraction=0.5, pytorch_fraction=0.5, seed=11)) == plan
     # The fault settings draw from another stream: they leave the workload alone.
     assert (
-        run.plan_workload(
-            cfg(appwrappers=60, gpu_fraction=0.5, pytorch_fraction=0.5, seed=11, fault_rate=9.0)
-        )
+        plan_workload(cfg(appwrappers=60, gpu_fraction=0.5, pytorch_fraction=0.5, seed=11, fault_rate=9.0))
         == plan
     )
-    other = run.plan_workload(cfg(appwrappers=60, gpu_fraction=0.5, pytorch_fraction=0.5, seed=12))
+    other = plan_workload(cfg(appwrappers=60, gpu_fraction=0.5, pytorch_fraction=0.5, seed=12))
     assert [s.gpu for s in other] != [s.gpu for s in plan]
     assert [s.kind for s in other] != [s.kind for s in plan]
     # Same shares either way: only the placement changes.
@@ -85,7 +98,7 @@ def test_workload_is_a_function_of_the_seed() -> None:
     [(1, "aw-0", "aw-0"), (10, "aw-0", "aw-9"), (11, "aw-00", "aw-10"), (101, "aw-000", "aw-100")],
 )
 def test_workload_names_are_zero_padded_to_the_widest_index(n: int, first: str, last: str) -> None:
-    names = [s.name for s in run.plan_workload(cfg(appwrappers=n))]
+    names = [s.name for s in plan_workload(cfg(appwrappers=n))]
     assert (names[0], names[-1]) == (first, last)
     assert len(set(names)) == n
     assert names == sorted(names)
@@ -96,25 +109,25 @@ def test_workload_names_are_zero_padded_to_the_widest_index(n: int, first: str, 
 
 def test_fault_plan_is_a_function_of_the_seed() -> None:
     config = cfg(fault_rate=1.0, duration=60.0, seed=5)
-    plan = run.plan_faults(config)
+    plan = plan_faults(config)
     assert plan, "60 expected arrivals"
-    assert run.plan_faults(cfg(fault_rate=1.0, duration=60.0, seed=5)) == plan
-    other = run.plan_faults(cfg(fault_rate=1.0, duration=60.0, seed=6))
+    assert plan_faults(cfg(fault_rate=1.0, duration=60.0, seed=5)) == plan
+    other = plan_faults(cfg(fault_rate=1.0, duration=60.0, seed=6))
     assert [f.at for f in other] != [f.at for f in plan]
 
 
 def test_fault_count_follows_rate_times_duration() -> None:
     # Poisson arrivals: rate x duration expected per run (100 here), a standard deviation of 10.
-    counts = [len(run.plan_faults(cfg(fault_rate=0.5, duration=200.0, seed=s))) for s in range(1, 31)]
+    counts = [len(plan_faults(cfg(fault_rate=0.5, duration=200.0, seed=s))) for s in range(1, 31)]
     assert all(60 <= c <= 140 for c in counts), counts
     assert statistics.fmean(counts) == pytest.approx(100, rel=0.08)
     # Doubling the rate doubles the expected count.
-    doubled = [len(run.plan_faults(cfg(fault_rate=1.0, duration=200.0, seed=s))) for s in range(1, 31)]
+    doubled = [len(plan_faults(cfg(fault_rate=1.0, duration=200.0, seed=s))) for s in range(1, 31)]
     assert statistics.fmean(doubled) == pytest.approx(200, rel=0.08)
 
 
 def test_fault_times_are_ordered_millisecond_offsets_inside_the_window() -> None:
-    faults = run.plan_faults(cfg(fault_rate=3.0, duration=50.0, seed=2))
+    faults = plan_faults(cfg(fault_rate=3.0, duration=50.0, seed=2))
     times = [f.at for f in faults]
     assert times == sorted(times)
     assert all(0 < t <= 50.0 for t in times)
@@ -125,9 +138,9 @@ def test_fault_times_are_ordered_millisecond_offsets_inside_the_window() -> None
 
 
 def test_fault_kinds_follow_the_mix_within_a_tolerance() -> None:
-    faults = run.plan_faults(cfg(fault_rate=10.0, duration=500.0, seed=4))  # default mix, ~5,000 faults
+    faults = plan_faults(cfg(fault_rate=10.0, duration=500.0, seed=4))  # default mix, ~5,000 faults
     shares = {k: n / len(faults) for k, n in Counter(f.kind for f in faults).items()}
-    expected = dict(run.DEFAULT_MIX)
+    expected = dict(DEFAULT_MIX)
     assert set(shares) == set(expected)
     for kind, share in expected.items():
         assert shares[kind] == pytest.approx(share, abs=0.03), kind
@@ -135,39 +148,39 @@ def test_fault_kinds_follow_the_mix_within_a_tolerance() -> None:
 
 def test_a_kind_with_zero_weight_is_never_planned() -> None:
     mix = (("pod-failure", 1.0), ("evict", 0.0), ("stuck-init", 1.0))
-    faults = run.plan_faults(cfg(fault_rate=5.0, duration=100.0, mix=mix, seed=3))
+    faults = plan_faults(cfg(fault_rate=5.0, duration=100.0, mix=mix, seed=3))
     kinds = Counter(f.kind for f in faults)
     assert kinds["evict"] == 0
     assert kinds["pod-failure"] > 0 and kinds["stuck-init"] > 0
 
 
 def test_max_faults_keeps_the_first_arrivals_of_the_uncapped_plan() -> None:
-    uncapped = run.plan_faults(cfg(fault_rate=2.0, duration=100.0, seed=8))
+    uncapped = plan_faults(cfg(fault_rate=2.0, duration=100.0, seed=8))
     assert len(uncapped) > 10
-    assert run.plan_faults(cfg(fault_rate=2.0, duration=100.0, seed=8, max_faults=10)) == uncapped[:10]
-    assert run.plan_faults(cfg(fault_rate=2.0, duration=100.0, seed=8, max_faults=0)) == []
+    assert plan_faults(cfg(fault_rate=2.0, duration=100.0, seed=8, max_faults=10)) == uncapped[:10]
+    assert plan_faults(cfg(fault_rate=2.0, duration=100.0, seed=8, max_faults=0)) == []
     generous = cfg(fault_rate=2.0, duration=100.0, seed=8, max_faults=10_000)
-    assert run.plan_faults(generous) == uncapped
+    assert plan_faults(generous) == uncapped
 
 
 @pytest.mark.parametrize("rate", [0.0, -1.0])
 def test_no_positive_rate_means_no_faults(rate: float) -> None:
-    assert run.plan_faults(cfg(fault_rate=rate, duration=100.0)) == []
+    assert plan_faults(cfg(fault_rate=rate, duration=100.0)) == []
 
 
 def test_a_given_fault_plan_wins_over_rate_and_seed() -> None:
-    given = (run.PlannedFault(0.5, "stuck-init"), run.PlannedFault(2.0, "evict"))
-    plan = run.plan_faults(cfg(fault_plan=given, fault_rate=0.0, seed=99))
+    given = (PlannedFault(0.5, "stuck-init"), PlannedFault(2.0, "evict"))
+    plan = plan_faults(cfg(fault_plan=given, fault_rate=0.0, seed=99))
     assert plan == list(given)
-    plan.append(run.PlannedFault(3.0, "pod-failure"))
-    assert run.plan_faults(cfg(fault_plan=given)) == list(given), "a fresh list each call"
+    plan.append(PlannedFault(3.0, "pod-failure"))
+    assert plan_faults(cfg(fault_plan=given)) == list(given), "a fresh list each call"
 
 
 # ------------------------------------------------------------------ nodes_needed
 
 
-def specs(count: int, pods: int, gpu: bool) -> list[run.AwSpec]:
-    return [run.AwSpec(f"aw-{i}", "job", pods, gpu) for i in range(count)]
+def specs(count: int, pods: int, gpu: bool) -> list[AwSpec]:
+    return [AwSpec(f"aw-{i}", "job", pods, gpu) for i in range(count)]
 
 
 @pytest.mark.parametrize(
@@ -178,12 +191,12 @@ def specs(count: int, pods: int, gpu: bool) -> list[run.AwSpec]:
         # 800 pods: 8 * 1.25 = 10 + 2.
         (specs(100, 8, False), [], 1, 12),
         # 792 pods + 8 stuck-init pods = 800 still fits 12 ...
-        (specs(99, 8, False), [run.PlannedFault(1.0, "stuck-init")] * 8, 1, 12),
+        (specs(99, 8, False), [PlannedFault(1.0, "stuck-init")] * 8, 1, 12),
         # ... one more stuck-init fault does not: 8.01 * 1.25 -> 11 + 2.
-        (specs(99, 8, False), [run.PlannedFault(1.0, "stuck-init")] * 9, 1, 13),
+        (specs(99, 8, False), [PlannedFault(1.0, "stuck-init")] * 9, 1, 13),
         # Only stuck-init faults add pods, stuck_init_pods each.
-        (specs(99, 8, False), [run.PlannedFault(1.0, "pod-failure")] * 50, 1, 12),
-        (specs(99, 8, False), [run.PlannedFault(1.0, "stuck-init")] * 3, 3, 13),
+        (specs(99, 8, False), [PlannedFault(1.0, "pod-failure")] * 50, 1, 12),
+        (specs(99, 8, False), [PlannedFault(1.0, "stuck-init")] * 3, 3, 13),
         # 24 GPU pods at 8 GPUs a node: 3 * 1.25 -> 4 + 2.
         (specs(3, 8, True), [], 1, 6),
         # GPU pods decide over the pod count: 40 GPU pods -> 5 * 1.25 -> 7 + 2.
@@ -191,9 +204,9 @@ def specs(count: int, pods: int, gpu: bool) -> list[run.AwSpec]:
     ],
 )
 def test_nodes_cover_pods_and_gpus_with_headroom(
-    workload: list[run.AwSpec], planned: list[run.PlannedFault], stuck_pods: int, nodes: int
+    workload: list[AwSpec], planned: list[PlannedFault], stuck_pods: int, nodes: int
 ) -> None:
-    assert run.nodes_needed(cfg(stuck_init_pods=stuck_pods), workload, planned) == nodes
+    assert nodes_needed(cfg(stuck_init_pods=stuck_pods), workload, planned) == nodes
 
 
 # ------------------------------------------------------------------ appwrapper_manifest
@@ -214,8 +227,8 @@ def containers_of(manifest: dict[str, Any]) -> list[tuple[dict[str, Any], dict[s
 @pytest.mark.parametrize("gpu", [True, False])
 @pytest.mark.parametrize("pods", [1, 4])
 def test_every_manifest_is_a_valid_appwrapper_with_its_pods_and_gpus(kind: str, gpu: bool, pods: int) -> None:
-    spec = run.AwSpec("aw-7", kind, pods, gpu)
-    manifest = run.appwrapper_manifest(spec, cfg())
+    spec = AwSpec("aw-7", kind, pods, gpu)
+    manifest = appwrapper_manifest(spec, cfg())
     assert manifest["apiVersion"] == "workload.codeflare.dev/v1beta2"
     assert manifest["kind"] == "AppWrapper"
     assert manifest["metadata"]["name"] == "aw-7"
@@ -237,7 +250,7 @@ def test_every_manifest_is_a_valid_appwrapper_with_its_pods_and_gpus(kind: str, 
 
 
 def test_pytorchjob_manifest_splits_master_and_workers() -> None:
-    manifest = run.appwrapper_manifest(run.AwSpec("aw-1", "pytorchjob", 5, True), cfg())
+    manifest = appwrapper_manifest(AwSpec("aw-1", "pytorchjob", 5, True), cfg())
     template = manifest["spec"]["components"][0]["template"]
     assert (template["apiVersion"], template["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
     replicas = template["spec"]["pytorchReplicaSpecs"]
@@ -246,7 +259,7 @@ def test_pytorchjob_manifest_splits_master_and_workers() -> None:
 
 
 def test_job_manifest_runs_every_pod_at_once_without_retries() -> None:
-    manifest = run.appwrapper_manifest(run.AwSpec("aw-1", "job", 6, False), cfg())
+    manifest = appwrapper_manifest(AwSpec("aw-1", "job", 6, False), cfg())
     template = manifest["spec"]["components"][0]["template"]
     assert (template["apiVersion"], template["kind"]) == ("batch/v1", "Job")
     assert template["spec"]["parallelism"] == template["spec"]["completions"] == 6
@@ -259,9 +272,7 @@ def test_job_manifest_runs_every_pod_at_once_without_retries() -> None:
 )
 def test_manifest_annotations_carry_the_configured_periods(kind: str, grace: str, limit: str) -> None:
     config = cfg(failure_grace="2s", retry_pause="3s", warmup_grace="4s", setup_grace="7m")
-    annotations = run.appwrapper_manifest(run.AwSpec("aw-1", kind, 2, False), config)["metadata"][
-        "annotations"
-    ]
+    annotations = appwrapper_manifest(AwSpec("aw-1", kind, 2, False), config)["metadata"]["annotations"]
     assert annotations == {
         params.ADMISSION_GRACE_PERIOD_ANNOTATION: grace,
         params.WARMUP_GRACE_PERIOD_ANNOTATION: grace,
@@ -281,8 +292,8 @@ def test_manifest_annotations_carry_the_configured_periods(kind: str, grace: str
 
 def test_the_whole_planned_workload_yields_valid_distinct_appwrappers() -> None:
     config = cfg(appwrappers=40, pods_per_aw=3, gpu_fraction=0.3, pytorch_fraction=0.5, seed=2)
-    workload = run.plan_workload(config)
-    manifests = [run.appwrapper_manifest(s, config) for s in workload]
+    workload = plan_workload(config)
+    manifests = [appwrapper_manifest(s, config) for s in workload]
     assert len({m["metadata"]["name"] for m in manifests}) == 40
     for spec, manifest in zip(workload, manifests, strict=True):
         parse_appwrapper(manifest)
@@ -318,7 +329,7 @@ etcd_requests_total{operation="list",resource="pods",verb="LIST"} 1000
 
 
 def test_api_requests_sum_every_code_and_scope_per_verb_and_resource() -> None:
-    assert run.api_requests(METRICS) == {
+    assert api_requests(METRICS) == {
         "LIST pods": 15.0,
         "PATCH pods/status": 2.5,
         "PUT appwrappers/status": 7.0,
@@ -330,16 +341,16 @@ def test_api_requests_sum_every_code_and_scope_per_verb_and_resource() -> None:
 
 def test_api_requests_without_a_type_line_and_of_an_empty_text() -> None:
     untyped = 'apiserver_request_total{resource="nodes",verb="GET"} 4\n'
-    assert run.api_requests(untyped) == {"GET nodes": 4.0}
-    assert run.api_requests("") == {}
-    assert run.api_requests("# TYPE apiserver_request_total counter\n") == {}
+    assert api_requests(untyped) == {"GET nodes": 4.0}
+    assert api_requests("") == {}
+    assert api_requests("# TYPE apiserver_request_total counter\n") == {}
 
 
 # ------------------------------------------------------------------ latencies
 
 
-def fault(kind: str, t0: float, **fields: Any) -> run.Fault:
-    return run.Fault(id=int(t0), kind=kind, aw=f"aw-{int(t0)}", t0=t0, counted=True, **fields)
+def fault(kind: str, t0: float, **fields: Any) -> Fault:
+    return Fault(id=int(t0), kind=kind, aw=f"aw-{int(t0)}", t0=t0, counted=True, **fields)
 
 
 def test_latencies_per_measure_and_kind() -> None:
@@ -355,7 +366,7 @@ def test_latencies_per_measure_and_kind() -> None:
         # Untimed faults are left out of every measure.
         fault("pod-failure", 500.0, timed=False, t_verdict=500.1, t_unhealthy=500.2, t_recovered=509.0),
     ]
-    lat = run.latencies(faults, config)
+    lat = latencies(faults, config)
     assert set(lat) == {"detection", "verdict", "reaction", "recovery"}
     assert lat["detection"]["all"] == pytest.approx([0.2, 0.4, 0.1])
     assert lat["detection"]["stuck-init"] == pytest.approx([0.1]), "from the warmup deadline"
@@ -371,7 +382,7 @@ def test_latencies_per_measure_and_kind() -> None:
 
 
 def test_latencies_of_no_faults_are_empty_measures() -> None:
-    assert run.latencies([], cfg()) == {"detection": {}, "verdict": {}, "reaction": {}, "recovery": {}}
+    assert latencies([], cfg()) == {"detection": {}, "verdict": {}, "reaction": {}, "recovery": {}}
 
 
 # ------------------------------------------------------------------ cost
@@ -384,15 +395,15 @@ def fake_usage(monkeypatch: pytest.MonkeyPatch) -> None:
             return ProcUsage(cpu_seconds=0.0, rss_mib=50.0, peak_rss_mib=123.5)
         raise FileNotFoundError(f"/proc/{pid}/stat")
 
-    monkeypatch.setattr(run, "usage", usage)
+    monkeypatch.setattr(report, "usage", usage)
 
 
 def test_window_turns_two_snapshots_into_rates() -> None:
-    a = run.Snapshot(wall=0.0, api={"GET pods": 10.0}, cpu={"c": 1.0}, nats={"s": 5})
-    b = run.Snapshot(
+    a = Snapshot(wall=0.0, api={"GET pods": 10.0}, cpu={"c": 1.0}, nats={"s": 5})
+    b = Snapshot(
         wall=30.0, api={"GET pods": 40.0, "LIST pods": 3.0}, cpu={"c": 1.6, "new": 9.0}, nats={"s": 20}
     )
-    w = run.Window.between(a, b)
+    w = Window.between(a, b)
     assert w.seconds == 30.0
     assert w.api_per_min == pytest.approx({"GET pods": 60.0, "LIST pods": 6.0})
     assert w.cpu_percent == pytest.approx({"c": 2.0, "new": 0.0}), "a process new in b has no rate yet"
@@ -400,13 +411,13 @@ def test_window_turns_two_snapshots_into_rates() -> None:
 
 
 def test_cost_per_process_idle_requests_and_messages_per_fault(fake_usage: None) -> None:
-    idle = run.Window(
+    idle = Window(
         seconds=60.0,
         api_per_min={"LIST appwrappers": 12.0, "WATCH pods": 30.0, "POST events": 6.0, "GET leases": 20.4},
         cpu_percent={"controller": 2.0, "kube-apiserver": 50.0},
         nats_per_min={"s1": 6.0, "s2": 6.0},
     )
-    baseline = run.Window(
+    baseline = Window(
         seconds=60.0,
         api_per_min={
             "LIST appwrappers": 2.0,
@@ -418,9 +429,9 @@ def test_cost_per_process_idle_requests_and_messages_per_fault(fake_usage: None)
         cpu_percent={},
         nats_per_min={},
     )
-    start = run.Snapshot(wall=1000.0, api={}, cpu={"controller": 2.0}, nats={"s1": 100, "s2": 50})
-    end = run.Snapshot(wall=1100.0, api={}, cpu={"controller": 3.0}, nats={"s1": 400, "s2": 70, "s3": 5})
-    out = run.cost(
+    start = Snapshot(wall=1000.0, api={}, cpu={"controller": 2.0}, nats={"s1": 100, "s2": 50})
+    end = Snapshot(wall=1100.0, api={}, cpu={"controller": 3.0}, nats={"s1": 400, "s2": 70, "s3": 5})
+    out = cost(
         {"controller": 11, "gone": 22},
         {"controller": 1.0, "gone": 0.5},
         {"controller": 4.5, "gone": 0.5},
@@ -460,18 +471,16 @@ def test_cost_per_process_idle_requests_and_messages_per_fault(fake_usage: None)
 
 
 def test_cost_without_idle_windows_or_faults(fake_usage: None) -> None:
-    start = run.Snapshot(wall=0.0, api={}, cpu={}, nats={"s": 10})
-    end = run.Snapshot(wall=50.0, api={}, cpu={}, nats={"s": 30})
-    out = run.cost({"controller": 11}, {}, {"controller": 2.0}, None, None, start, end, 4)
+    start = Snapshot(wall=0.0, api={}, cpu={}, nats={"s": 10})
+    end = Snapshot(wall=50.0, api={}, cpu={}, nats={"s": 30})
+    out = cost({"controller": 11}, {}, {"controller": 2.0}, None, None, start, end, 4)
     assert "api_requests_per_min_idle" not in out
     assert "idle_cpu_percent_total" not in out
     assert out["processes"]["controller"]["idle_cpu_percent"] is None
     assert out["nats_messages_per_fault"] == 5.0
-    no_faults = run.cost({"controller": 11}, {}, {}, None, None, start, end, 0)
+    no_faults = cost({"controller": 11}, {}, {}, None, None, start, end, 0)
     assert no_faults["nats_messages_per_fault"] is None, "no division by zero"
-    no_nats = run.cost(
-        {}, {}, {}, None, None, run.Snapshot(0.0, {}, {}, {}), run.Snapshot(1.0, {}, {}, {}), 3
-    )
+    no_nats = cost({}, {}, {}, None, None, Snapshot(0.0, {}, {}, {}), Snapshot(1.0, {}, {}, {}), 3)
     assert "nats_messages_per_fault" not in no_nats
     assert no_nats["total_cpu_s"] == 0
 
@@ -522,7 +531,7 @@ def result(
 
 
 def test_figures_rows_follow_the_samples_present() -> None:
-    rows = run.figures(
+    rows = figures(
         result(
             verdict=[0.01],
             processes={"b-proc": {"cpu_s": 2.0, "peak_rss_mib": 64.0}, "a-proc": {"cpu_s": 1.0}},
@@ -546,7 +555,7 @@ def test_figures_rows_follow_the_samples_present() -> None:
     assert table["faults injected"] == (3.0, "count")
     assert table["faults injected evict"] == (1.0, "count")
     assert table["faults injected stuck-init"] == (0.0, "count")
-    assert all(table[f"correctness {key}"] == (0.0, "count") for key in run.VIOLATIONS)
+    assert all(table[f"correctness {key}"] == (0.0, "count") for key in VIOLATIONS)
     assert table["set-up: all running"] == (12.0, "s")
     assert table["cleanup: all deleted"] == (3.0, "s")
     assert table["cpu total (controller)"] == (4.0, "cpu-s")
@@ -561,7 +570,7 @@ def test_figures_rows_follow_the_samples_present() -> None:
 
 
 def test_figures_of_an_empty_result_keep_the_all_rows_without_values() -> None:
-    table = {name: value for name, value, _ in run.figures({})}
+    table = {name: value for name, value, _ in figures({})}
     for measure in ("detection", "reaction", "recovery"):
         assert table[f"{measure} all n"] == 0.0
         assert table[f"{measure} all p50"] is None
@@ -587,7 +596,7 @@ def test_figures_of_an_empty_result_keep_the_all_rows_without_values() -> None:
     ],
 )
 def test_format_value_by_unit(value: float | None, unit: str, text: str) -> None:
-    assert run.format_value(value, unit) == text
+    assert format_value(value, unit) == text
 
 
 def test_render_has_a_row_for_every_figure_but_empty_counts() -> None:
@@ -595,14 +604,14 @@ def test_render_has_a_row_for_every_figure_but_empty_counts() -> None:
         processes={"respawn-health": {"cpu_s": 1.0, "peak_rss_mib": 80.0}},
         by_request={"LIST appwrappers": 2.0},
     )
-    text = run.render(res)
+    text = render(res)
     assert text.startswith("## respawn: 10 AppWrappers x 2 pods, 0.1 faults/s for 60s, seed 3\n")
     lines = text.splitlines()
-    rows = run.figures(res)
+    rows = figures(res)
     skipped = [name for name, value, _ in rows if name.endswith(" n") and not value]
     assert skipped == [], "every measure here has samples"
     for name, value, unit in rows:
-        line = f"| {name} | {run.format_value(value, unit)} |"
+        line = f"| {name} | {format_value(value, unit)} |"
         if name.endswith(" n") and not value:
             assert line not in lines
         else:
@@ -616,7 +625,7 @@ def test_render_has_a_row_for_every_figure_but_empty_counts() -> None:
 
 def test_render_drops_count_rows_without_samples() -> None:
     res = result(detection=[])
-    text = run.render(res)
+    text = render(res)
     assert "| detection all n |" not in text
     assert "| detection all p50 | — |" in text
     assert "| correctness lost | 0 |" in text, "zero violations are shown: only ' n' rows are dropped"
@@ -630,7 +639,7 @@ def test_render_lists_violations_timelines_and_logs() -> None:
         "timelines": {"aw-3": ["t=1 Running", "t=2 Resetting"]},
     }
     res = {**result(correctness=correctness), "logs": "/tmp/bench-logs"}
-    lines = run.render(res).splitlines()
+    lines = render(res).splitlines()
     assert "correctness: VIOLATIONS" in lines
     assert "| correctness lost | 12 |" in lines
     assert [line for line in lines if line.startswith("  lost: ")] == [
@@ -691,17 +700,17 @@ def test_compare_rows_give_no_ratio_for_counts_missing_values_or_a_zero_base() -
 def test_compare_rows_list_every_figure_of_either_run_once_in_order() -> None:
     results = pair()
     names = [row[0] for row in compare.compare_rows(results)]
-    ours = [n for n, _, _ in run.figures(results["respawn"])]
-    theirs = [n for n, _, _ in run.figures(results["upstream"])]
+    ours = [n for n, _, _ in figures(results["respawn"])]
+    theirs = [n for n, _, _ in figures(results["upstream"])]
     assert names == ours + [n for n in theirs if n not in ours]
 
 
 def test_compare_rows_with_a_failed_run() -> None:
     results = {"respawn": pair()["respawn"], "upstream": {"controller": "upstream", "error": "no image"}}
     rows = compare.compare_rows(results)
-    assert [n for n, *_ in rows] == [n for n, _, _ in run.figures(results["respawn"])]
+    assert [n for n, *_ in rows] == [n for n, _, _ in figures(results["respawn"])]
     assert all(theirs == "n/a" and ratio == "—" for _, _, theirs, ratio in rows)
-    both_failed = {c: {"controller": c, "error": "x"} for c in compare.CONTROLLERS}
+    both_failed = {c: {"controller": c, "error": "x"} for c in CONTROLLERS}
     assert compare.compare_rows(both_failed) == []
 
 
@@ -730,7 +739,7 @@ def test_compare_render_skips_empty_count_rows_and_names_a_run_that_failed() -> 
     assert "upstream correctness" not in text
 
 
-# ------------------------------------------------------------------ common
+# ------------------------------------------------------------------ percentiles
 
 
 def test_percentiles_pick_nearest_ranks_of_an_unsorted_list() -> None:
@@ -753,7 +762,6 @@ def test_fmt_ms_prints_milliseconds_with_one_decimal() -> None:
     assert fmt_ms(stats) == "n=4 p50=68.5ms p90=100.0ms p99=1234.6ms max=2000.0ms"
     assert fmt_ms(percentiles([0.001, 0.002, 0.003])) == "n=3 p50=2.0ms p90=3.0ms p99=3.0ms max=3.0ms"
     assert fmt_ms({}) == "no samples"
-    assert common.fmt_ms is fmt_ms
 
 
 # ------------------------------------------------------------------ command line
@@ -761,14 +769,14 @@ def test_fmt_ms_prints_milliseconds_with_one_decimal() -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
-    run.add_arguments(p)
+    add_arguments(p)
     return p
 
 
 def test_command_line_defaults_are_the_config_defaults() -> None:
     args = parser().parse_args([])
     assert args.state_dir is None
-    assert run.config_from(args, "upstream") == run.BenchConfig(controller="upstream")
+    assert config_from(args, "upstream") == BenchConfig(controller="upstream")
 
 
 def test_every_flag_reaches_its_config_field() -> None:
@@ -782,7 +790,7 @@ def test_every_flag_reaches_its_config_field() -> None:
         ]
     )  # fmt: skip
     assert args.state_dir == Path("/tmp/x")
-    assert run.config_from(args, "respawn") == run.BenchConfig(
+    assert config_from(args, "respawn") == BenchConfig(
         controller="respawn",
         appwrappers=12,
         pods_per_aw=3,
@@ -813,13 +821,13 @@ def test_every_flag_reaches_its_config_field() -> None:
     ],
 )
 def test_mix_parses_kinds_with_optional_weights(text: str, mix: tuple[tuple[str, float], ...]) -> None:
-    assert run._mix(text) == mix
+    assert parse_mix(text) == mix
 
 
 @pytest.mark.parametrize("text", ["crash=1", "pod-failure,", "", "Evict=1"])
 def test_mix_refuses_unknown_kinds(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="unknown fault kind"):
-        run._mix(text)
+        parse_mix(text)
 
 
 @pytest.mark.parametrize(

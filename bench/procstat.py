@@ -1,11 +1,13 @@
-"""Small helpers shared by the benchmark scripts: process CPU/RSS and percentiles."""
+"""CPU time and memory of processes on this machine, read from /proc, and waiting for them to
+go quiet."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -33,32 +35,13 @@ def usage(pid: int) -> ProcUsage:
     return ProcUsage(cpu, rss, peak)
 
 
-def percentiles(samples: list[float]) -> dict[str, float]:
-    if not samples:
-        return {}
-    ordered = sorted(samples)
-
-    def pct(p: float) -> float:
-        index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
-        return ordered[index]
-
-    return {
-        "n": float(len(ordered)),
-        "p50": pct(50),
-        "p90": pct(90),
-        "p99": pct(99),
-        "max": ordered[-1],
-        "mean": statistics.fmean(ordered),
-    }
-
-
-def fmt_ms(stats: dict[str, float]) -> str:
-    if not stats:
-        return "no samples"
-    return (
-        f"n={int(stats['n'])} p50={stats['p50'] * 1000:.1f}ms p90={stats['p90'] * 1000:.1f}ms "
-        f"p99={stats['p99'] * 1000:.1f}ms max={stats['max'] * 1000:.1f}ms"
-    )
+def cpu_seconds(processes: Mapping[str, int]) -> dict[str, float]:
+    """CPU seconds of each named process still alive (one that has exited is left out)."""
+    out = {}
+    for name, pid in processes.items():
+        with contextlib.suppress(OSError):
+            out[name] = usage(pid).cpu_seconds
+    return out
 
 
 async def settle(
@@ -76,3 +59,14 @@ async def settle(
         if not busy:
             return time.monotonic() - started
     raise TimeoutError(f"services still busy after {limit:.0f}s")
+
+
+def usage_lines(pids: Mapping[str, int]) -> list[str]:
+    """One line per process: CPU seconds so far, RSS and peak RSS."""
+    lines = []
+    for name, pid in sorted(pids.items()):
+        u = usage(pid)
+        lines.append(
+            f"  {name}: cpu {u.cpu_seconds:.1f}s, rss {u.rss_mib:.0f} MiB, peak rss {u.peak_rss_mib:.0f} MiB"
+        )
+    return lines
