@@ -220,7 +220,7 @@ class LifecycleConfig(_Section):
 
     # Reconcile workers fed by observations, timers and the resync. 32 were tried: on a loaded
     # API server they did not raise the rate of passes (the server is the limit) and made the
-    # verdicts' own requests slower (bench/README.md, N=1,000 and N=10,000).
+    # verdicts' own requests slower (bench/results/HISTORY.md, N=1,000 and N=10,000).
     workers: int = Field(default=8, ge=1, le=256)
     # Verdicts of different AppWrappers applied at once; one AppWrapper's stay in order. Too low
     # and a burst of verdicts queues (each takes a few API round trips); the API server is the
