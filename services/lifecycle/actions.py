@@ -21,10 +21,9 @@ __all__ = [
     "CreateOutcome",
     "CreateResult",
     "DeleteComponent",
-    "DeleteLeftoverPods",
+    "DeletePods",
     "EmitEvent",
-    "ForceDeleteComponent",
-    "ForceDeletePods",
+    "ExcludeNodes",
     "LifecycleEventType",
     "PublishLifecycleEvent",
 ]
@@ -45,44 +44,41 @@ class CreateComponent:
 
 @dataclass(frozen=True, slots=True)
 class DeleteComponent:
-    """Delete a wrapped resource with ``propagationPolicy: Background``; NotFound is success."""
+    """Delete a wrapped resource with ``propagationPolicy: Background``; NotFound is success.
+
+    ``force``: with ``gracePeriodSeconds: 0``, the last stage of a deletion that has outlived
+    its ForcefulDeletionGracePeriod.
+    """
 
     index: int
     api_version: str
     kind: str
     namespace: str
     name: str
+    force: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class DeleteLeftoverPods:
-    """Delete these labelled pods (their own grace period) once no component is left.
+class DeletePods:
+    """Delete these labelled pods; NotFound is success.
 
-    With Background propagation the garbage collector would delete them too, but it finds and
-    deletes them one after another; a large workload's reset waits for the last one.
+    Without ``force``, each with its own grace period, once no component is left: with
+    Background propagation the garbage collector would delete them too, but it finds and
+    deletes them one after another, and a large workload's reset waits for the last one.
+    With ``force``, with ``gracePeriodSeconds: 0`` (pods stuck terminating).
     """
 
     namespace: str
     names: tuple[str, ...]
+    force: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class ForceDeletePods:
-    """Delete these labelled pods with ``gracePeriodSeconds: 0``; NotFound is success."""
+class ExcludeNodes:
+    """Record ``nodes`` as the AppWrapper's excluded nodes (the ``respawn.dev/excluded-nodes``
+    annotation, by merge patch; no nodes removes it), read when its components are recreated."""
 
-    namespace: str
-    names: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ForceDeleteComponent:
-    """Delete a wrapped resource with ``gracePeriodSeconds: 0`` (and Background propagation)."""
-
-    index: int
-    api_version: str
-    kind: str
-    namespace: str
-    name: str
+    nodes: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,15 +102,7 @@ class PublishLifecycleEvent:
     msg_id: str
 
 
-Action = (
-    CreateComponent
-    | DeleteComponent
-    | DeleteLeftoverPods
-    | ForceDeletePods
-    | ForceDeleteComponent
-    | EmitEvent
-    | PublishLifecycleEvent
-)
+Action = CreateComponent | DeleteComponent | DeletePods | ExcludeNodes | EmitEvent | PublishLifecycleEvent
 
 
 class LifecycleEventType(StrEnum):

@@ -31,13 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from services.lifecycle.actions import (
-    Action,
-    DeleteComponent,
-    DeleteLeftoverPods,
-    ForceDeleteComponent,
-    ForceDeletePods,
-)
+from services.lifecycle.actions import Action, DeleteComponent, DeletePods
 from services.lifecycle.conditions import (
     clear_condition,
     condition_status,
@@ -77,6 +71,19 @@ class DeletionStep:
 def _component_name(entry: Mapping[str, Any], observed_name: str) -> str:
     name = entry.get("name")
     return observed_name or (name if isinstance(name, str) else "")
+
+
+def _delete(
+    index: int, entry: Mapping[str, Any], namespace: str, name: str, *, force: bool
+) -> DeleteComponent:
+    return DeleteComponent(
+        index=index,
+        api_version=str(entry.get("apiVersion", "")),
+        kind=str(entry.get("kind", "")),
+        namespace=namespace,
+        name=name,
+        force=force,
+    )
 
 
 def staged_deletion(
@@ -141,15 +148,7 @@ def staged_deletion(
             continue
         remaining.append((index, entry, name))
         if seen.presence is not Presence.DELETING:
-            actions.append(
-                DeleteComponent(
-                    index=index,
-                    api_version=str(entry.get("apiVersion", "")),
-                    kind=str(entry.get("kind", "")),
-                    namespace=namespace,
-                    name=name,
-                )
-            )
+            actions.append(_delete(index, entry, namespace, name, force=False))
 
     poll = now + DELETION_POLL
     if remaining and not expired:
@@ -174,22 +173,13 @@ def staged_deletion(
         # to reach each of them: nothing is left to recreate them.
         leftover = tuple(p.name for p in pods if not p.terminating)
         if not remaining and leftover:
-            actions.append(DeleteLeftoverPods(namespace=namespace, names=leftover))
+            actions.append(DeletePods(namespace=namespace, names=leftover))
         return DeletionStep(False, list(conditions), entries, tuple(actions), min(deadline, poll))
 
     if pods:
-        actions.append(ForceDeletePods(namespace=namespace, names=tuple(p.name for p in pods)))
+        actions.append(DeletePods(namespace=namespace, names=tuple(p.name for p in pods), force=True))
     else:
-        actions.extend(
-            ForceDeleteComponent(
-                index=index,
-                api_version=str(entry.get("apiVersion", "")),
-                kind=str(entry.get("kind", "")),
-                namespace=namespace,
-                name=name,
-            )
-            for index, entry, name in remaining
-        )
+        actions.extend(_delete(index, entry, namespace, name, force=True) for index, entry, name in remaining)
     current = find_condition(conditions, ConditionType.DELETING_RESOURCES) or {}
     escalated = not str(current.get("message", "")).startswith(FORCEFUL_MESSAGE_PREFIX)
     stuck = sum(1 for p in pods if p.terminating)

@@ -25,7 +25,11 @@ whichever instance wins the status write is the one that announces the change, e
 
 Within one call the machine runs phase after phase until it has to wait (for the API, for
 observations or for a deadline): e.g. an Unhealthy verdict in Running yields, in one plan, the
-Resetting status and the first delete calls.
+Resetting status, the nodes the next attempt must avoid (node exclusion) and the first delete
+calls.
+
+:func:`needs_attention` is the other half of the phase policy: which AppWrappers the periodic
+resync must reconcile because they have work or a clock pending.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from services.lifecycle.conditions import (
 )
 from services.lifecycle.deletion import staged_deletion
 from services.lifecycle.observed import Observed, Presence
+from services.lifecycle.placement.exclusion import exclude_on_reset
 from services.lifecycle.templating import PodTemplateHook, TemplateError, render_component
 from services.lifecycle.verdicts import VerdictRelation, VerdictUse, resetting_count, verdict_relation
 from shared.appwrapper.constants import (
@@ -76,12 +81,13 @@ from shared.appwrapper.constants import (
 )
 from shared.appwrapper.params import DELETION_ON_FAILURE_GRACE_PERIOD_ANNOTATION
 from shared.appwrapper.podsets import component_pod_sets, expected_pod_count
+from shared.config import NodeExclusionConfig
 from shared.durations import format_go_duration
 from shared.faulttolerance import FaultTolerance
 from shared.kubetime import as_utc, format_kube_time
 from shared.messages import LifecycleEvent, ObjectRef, Verdict
 
-__all__ = ["CREATE_RETRY_INTERVAL", "FinalizerChange", "Plan", "reconcile"]
+__all__ = ["CREATE_RETRY_INTERVAL", "FinalizerChange", "Plan", "needs_attention", "reconcile"]
 
 # How soon a create that failed with a retryable error is tried again (upstream: 1 s), while
 # the admission grace period lasts.
@@ -130,6 +136,7 @@ def reconcile(
     now: datetime,
     *,
     hooks: Sequence[PodTemplateHook] = (),
+    node_exclusion: NodeExclusionConfig | None = None,
 ) -> Plan:
     """Decide what to do next for ``aw``.
 
@@ -137,8 +144,38 @@ def reconcile(
     parameters (operator defaults with the AppWrapper's annotations applied, see
     :func:`shared.appwrapper.params.effective_fault_tolerance`). ``hooks`` add to every pod
     template when components are (re)created, e.g. Autopilot anti-affinity and node exclusion.
+    ``node_exclusion``, when enabled, makes a reset after failed pods record the nodes they
+    failed on (from ``observed.nodes``; nothing is recorded when the nodes were not read).
     """
-    return _Reconciliation(aw, observed, verdict, params, as_utc(now), tuple(hooks)).run()
+    exclusion = node_exclusion if node_exclusion is not None and node_exclusion.enabled else None
+    return _Reconciliation(aw, observed, verdict, params, as_utc(now), tuple(hooks), exclusion).run()
+
+
+def needs_attention(aw: Mapping[str, Any]) -> bool:
+    """Whether the periodic resync should reconcile ``aw``: it has work or a clock pending.
+
+    Running workloads are driven by verdicts and observations; finished ones only while they
+    still hold resources or quota (deletion, success TTL, deletion-on-failure grace); every
+    other phase is on its way somewhere.
+    """
+    meta = _mapping(aw.get("metadata"))
+    status = _mapping(aw.get("status"))
+    if meta.get("deletionTimestamp"):
+        return True
+    raw_conditions = status.get("conditions")
+    conditions = raw_conditions if isinstance(raw_conditions, list) else []
+    holding = is_true(conditions, ConditionType.RESOURCES_DEPLOYED) or is_true(
+        conditions, ConditionType.QUOTA_RESERVED
+    )
+    match status.get("phase", Phase.EMPTY):
+        case Phase.RUNNING:
+            return False
+        case Phase.FAILED | Phase.SUCCEEDED:
+            return holding
+        case Phase.SUSPENDED:
+            return holding or _mapping(aw.get("spec")).get("suspend") is not True
+        case _:
+            return True
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -156,6 +193,7 @@ class _Reconciliation:
         params: FaultTolerance,
         now: datetime,
         hooks: tuple[PodTemplateHook, ...],
+        exclusion: NodeExclusionConfig | None,
     ) -> None:
         self.aw = aw
         self.meta = _mapping(aw.get("metadata"))
@@ -172,6 +210,7 @@ class _Reconciliation:
         self.params = params
         self.now = now
         self.hooks = hooks
+        self.exclusion = exclusion
         self.suspend = self.spec.get("suspend") is True
         generation = self.meta.get("generation")
         self.generation = (
@@ -495,6 +534,22 @@ class _Reconciliation:
         )
         self._transition(Phase.RESETTING, text, reason=reason, nodes=nodes)
         self._announce(LifecycleEventType.RESET_STARTED, reason=reason, message=message, nodes=nodes)
+        if reason == Reason.FOUND_FAILED_PODS:
+            self._exclude_nodes(nodes)
+
+    def _exclude_nodes(self, failed: tuple[str, ...]) -> None:
+        """Node exclusion on retry: keep the next attempt off the nodes where pods just failed.
+
+        Only after failed pods: an Autopilot migration (another reason) needs no record, the
+        anti-affinity hook already keeps pods off the nodes Autopilot flags.
+        """
+        if self.exclusion is None or not failed or self.observed.nodes is None:
+            return
+        recorded = exclude_on_reset(
+            self.aw, failed_nodes=failed, nodes=self.observed.nodes, limit=self.exclusion.max_nodes
+        )
+        if recorded is not None:
+            self.actions.extend(recorded)
 
     # ---------------------------------------------------------------- phases
     # Each handler returns True when it changed the phase (so the next handler runs at once).

@@ -1,10 +1,11 @@
 """What the lifecycle service saw in the cluster, as input to one decision.
 
-The service fills this from authoritative reads (GET of each component, LIST of the labelled
-pods) just before calling :func:`services.lifecycle.machine.reconcile`. Anything it did not look
-at is left :attr:`Presence.UNKNOWN` / ``None``, and the machine treats unknown conservatively:
-an unknown component is never reported missing (that would fail the workload), but is never
-assumed gone either (that would release quota while it may still run).
+The reader (:mod:`services.lifecycle.reader`) fills this just before each call of
+:func:`services.lifecycle.machine.reconcile`: a GET of each component, the labelled pods and the
+nodes (from watch caches, or a LIST). Anything it did not look at is left
+:attr:`Presence.UNKNOWN` / ``None``, and the machine treats unknown conservatively: an unknown
+component is never reported missing (that would fail the workload), but is never assumed gone
+either (that would release quota while it may still run).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from services.lifecycle.actions import CreateOutcome
 
-__all__ = ["Observed", "ObservedComponent", "ObservedPod", "Presence"]
+__all__ = ["Observed", "ObservedComponent", "ObservedNode", "ObservedPod", "Presence", "controller_uid"]
 
 
 class Presence(StrEnum):
@@ -25,6 +26,14 @@ class Presence(StrEnum):
     PRESENT = "Present"
     # Exists with a deletionTimestamp: on its way out, no longer counted as deployed.
     DELETING = "Deleting"
+
+
+def controller_uid(obj: Mapping[str, Any]) -> str:
+    """The uid its controller owner reference names ("" if it has none)."""
+    for owner in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if owner.get("controller"):
+            return str(owner.get("uid", ""))
+    return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +72,38 @@ class ObservedPod:
 
 
 @dataclass(frozen=True, slots=True)
+class ObservedNode:
+    """One node of the cluster, as far as placing a recreated workload is concerned."""
+
+    name: str
+    ready: bool = True
+    # spec.unschedulable: cordoned.
+    unschedulable: bool = False
+    # status.allocatable as the API server writes it (quantities as strings).
+    allocatable: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def schedulable(self) -> bool:
+        """Whether new pods can land on it: Ready and not cordoned."""
+        return self.ready and not self.unschedulable
+
+    @classmethod
+    def of(cls, node: Mapping[str, Any]) -> ObservedNode:
+        """What a decision needs of a node object (from a LIST or a watch event)."""
+        status = node.get("status") or {}
+        return cls(
+            name=str((node.get("metadata") or {}).get("name", "")),
+            ready=any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions") or []
+                if isinstance(c, Mapping)
+            ),
+            unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+            allocatable={str(k): str(v) for k, v in (status.get("allocatable") or {}).items()},
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Observed:
     # Parallel to spec.components; missing trailing entries count as UNKNOWN.
     components: tuple[ObservedComponent, ...] = ()
@@ -71,6 +112,8 @@ class Observed:
     pods: tuple[ObservedPod, ...] | None = None
     # Results of the CreateComponent actions of the previous plan, by component index.
     created: Mapping[int, CreateOutcome] = field(default_factory=dict)
+    # The cluster's nodes, for node exclusion on a reset; None when not read.
+    nodes: tuple[ObservedNode, ...] | None = None
 
     def component(self, index: int) -> ObservedComponent:
         if 0 <= index < len(self.components):

@@ -12,7 +12,7 @@ What a watch cache may say and what it may not:
   (``on_change``), so a decision made on a lagging view is revisited as soon as it catches up.
 - "no pod is left" must never be a guess: it releases quota and lets a reset recreate the
   components. So an empty answer is not given from the cache (:meth:`PodCache.pods` returns
-  ``None``) and the service confirms it with a LIST; that happens once per reset or deletion,
+  ``None``) and the reader confirms it with a LIST; that happens once per reset or deletion,
   not on every pass of a running workload.
 """
 
@@ -21,11 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from services.lifecycle.observed import ObservedPod
+from services.lifecycle.workqueue import Key
 from shared.appwrapper.constants import APPWRAPPER_LABEL
 from shared.kube import Kube, ResourceRef
 from shared.kube.watch import WatchEvent, list_then_watch
-
-Key = tuple[str, str]
 
 __all__ = ["PodCache"]
 

@@ -17,15 +17,13 @@ from services.lifecycle.actions import (
     CreateOutcome,
     CreateResult,
     DeleteComponent,
-    DeleteLeftoverPods,
+    DeletePods,
     EmitEvent,
-    ForceDeleteComponent,
-    ForceDeletePods,
     LifecycleEventType,
     PublishLifecycleEvent,
 )
 from services.lifecycle.conditions import find_condition
-from services.lifecycle.deletion import DELETION_POLL
+from services.lifecycle.deletion import DELETION_POLL, staged_deletion
 from services.lifecycle.machine import CREATE_RETRY_INTERVAL, FinalizerChange, Plan, reconcile
 from services.lifecycle.observed import Observed, ObservedComponent, ObservedPod, Presence
 from services.lifecycle.templating import PodTemplateContext
@@ -122,6 +120,11 @@ def apply(aw: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
 
 def of(plan: Plan, kind: type[Action]) -> list[Any]:
     return [a for a in plan.actions if isinstance(a, kind)]
+
+
+def deletes(plan: Plan, kind: type[DeleteComponent | DeletePods], *, force: bool = False) -> list[Any]:
+    """The plan's deletes of components or pods: graceful ones, or forced ones."""
+    return [a for a in of(plan, kind) if a.force is force]
 
 
 def cond(aw_or_status: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:
@@ -488,7 +491,7 @@ def test_suspend_while_resuming_goes_to_suspending() -> None:
     )
     assert ("Suspending", "Externally suspended while in the Resuming phase") in k8s_events(plan)
     assert plan.phase == Phase.SUSPENDING
-    assert [type(a) for a in plan.actions if isinstance(a, DeleteComponent)] == [DeleteComponent]
+    assert [a.force for a in of(plan, DeleteComponent)] == [False]
 
 
 # -------------------------------------------------------------------------------- Running
@@ -556,7 +559,7 @@ def test_unhealthy_verdict_resets_and_starts_deletion_in_the_same_plan() -> None
     assert cond(aw, "QuotaReserved")["status"] == "True"
     assert cond(aw, "ResourcesDeployed")["status"] == "True"
     assert cond(aw, "DeletingResources")["status"] == "True"
-    assert [(d.kind, d.name, d.namespace) for d in of(plan, DeleteComponent)] == [("Job", "c0", "team")]
+    assert [(d.kind, d.name, d.namespace) for d in deletes(plan, DeleteComponent)] == [("Job", "c0", "team")]
     assert lifecycle_events(plan) == [LifecycleEventType.PHASE_CHANGED, LifecycleEventType.RESET_STARTED]
     started = of(plan, PublishLifecycleEvent)[1].event
     assert (started.resetting_count, started.reason, started.nodes) == (1, "FoundFailedPods", ("node-3",))
@@ -786,18 +789,40 @@ def test_leftover_pods_are_deleted_gracefully_once_no_component_is_left() -> Non
 
     # A component still being deleted could recreate its pods: they are left to it.
     deleting = Observed(components=(ObservedComponent(Presence.DELETING, name="c0"),), pods=pods)
-    assert not of(reconcile(aw, deleting, None, PARAMS, now), DeleteLeftoverPods)
+    assert not deletes(reconcile(aw, deleting, None, PARAMS, now), DeletePods)
 
     # Once it is gone, the pods not yet terminating are deleted, with their own grace period.
     gone = Observed(components=(ObservedComponent(Presence.ABSENT, name="c0"),), pods=pods)
     plan = reconcile(aw, gone, None, PARAMS, now)
-    assert of(plan, DeleteLeftoverPods) == [DeleteLeftoverPods(namespace="team", names=("p1",))]
-    assert not of(plan, ForceDeletePods), "not forceful before the grace period"
+    assert deletes(plan, DeletePods) == [DeletePods(namespace="team", names=("p1",))]
+    assert not deletes(plan, DeletePods, force=True), "not forceful before the grace period"
     assert plan.phase == Phase.RESETTING, "still waiting for the pods to go"
 
     # Only terminating pods left: nothing more to delete, just wait.
     terminating = Observed(components=(ObservedComponent(Presence.ABSENT, name="c0"),), pods=pods[:1])
-    assert not of(reconcile(aw, terminating, None, PARAMS, now), DeleteLeftoverPods)
+    assert not deletes(reconcile(aw, terminating, None, PARAMS, now), DeletePods)
+
+
+def test_staged_deletion_leaves_an_object_owned_by_someone_else_alone() -> None:
+    status = {
+        "conditions": [],
+        "componentStatus": [
+            {
+                "name": "j",
+                "kind": "Job",
+                "apiVersion": "batch/v1",
+                "conditions": [{"type": "ResourcesDeployed", "status": "True", "reason": "Created"}],
+            }
+        ],
+    }
+    foreign = Observed(
+        components=(ObservedComponent(presence=Presence.PRESENT, controlled_by_us=False, name="j"),), pods=()
+    )
+    for when in (T0, T0 + timedelta(hours=1)):  # before and after the forceful deadline
+        step = staged_deletion(
+            status, namespace="ns", observed=foreign, forceful_grace=timedelta(minutes=1), now=when
+        )
+        assert not [a for a in step.actions if isinstance(a, DeleteComponent)]
 
 
 def test_staged_deletion_escalates_to_grace_zero_pods_first_then_components() -> None:
@@ -813,8 +838,10 @@ def test_staged_deletion_escalates_to_grace_zero_pods_first_then_components() ->
     forceful_at = T0 + PARAMS.forceful_deletion_grace
     plan = reconcile(aw, deleting, None, PARAMS, forceful_at)
     aw = apply(aw, plan)
-    assert of(plan, ForceDeletePods) == [ForceDeletePods(namespace="team", names=("p0", "p1"))]
-    assert not of(plan, ForceDeleteComponent), "pods first"
+    assert deletes(plan, DeletePods, force=True) == [
+        DeletePods(namespace="team", names=("p0", "p1"), force=True)
+    ]
+    assert not deletes(plan, DeleteComponent, force=True), "pods first"
     assert lifecycle_events(plan) == [LifecycleEventType.DELETION_FORCEFUL]
     assert [e.reason for e in of(plan, EmitEvent) if e.type == "Warning"] == ["ForcefulDeletion"]
     assert cond(aw, "DeletingResources")["message"].startswith("Forceful deletion")
@@ -822,13 +849,13 @@ def test_staged_deletion_escalates_to_grace_zero_pods_first_then_components() ->
     assert cond(aw, "ResourcesDeployed")["status"] == "True"
 
     again = reconcile(aw, deleting, None, PARAMS, forceful_at + timedelta(seconds=5))
-    assert of(again, ForceDeletePods)
+    assert deletes(again, DeletePods, force=True)
     assert not lifecycle_events(again) and again.status is None, "escalation is announced once"
 
     no_pods = Observed(components=(ObservedComponent(Presence.DELETING, name="c0"),), pods=())
     plan = reconcile(aw, no_pods, None, PARAMS, forceful_at + timedelta(seconds=10))
-    assert of(plan, ForceDeleteComponent) == [
-        ForceDeleteComponent(index=0, api_version="batch/v1", kind="Job", namespace="team", name="c0")
+    assert deletes(plan, DeleteComponent, force=True) == [
+        DeleteComponent(index=0, api_version="batch/v1", kind="Job", namespace="team", name="c0", force=True)
     ]
     assert cond(aw, "ResourcesDeployed")["status"] == "True"
 
@@ -1019,7 +1046,7 @@ def test_deletion_on_failure_grace_keeps_resources_and_quota_until_it_expires() 
     assert cond(aw, "QuotaReserved")["status"] == "True"
 
     plan = reconcile(aw, present(1), None, params, T0 + timedelta(minutes=10))
-    assert of(plan, DeleteComponent)
+    assert deletes(plan, DeleteComponent)
     aw = apply(aw, plan)
     aw = apply(aw, reconcile(aw, gone(1), None, params, T0 + timedelta(minutes=11)))
     assert cond(aw, "ResourcesDeployed")["message"] == MSG_RESOURCES_DELETED_FAILED
@@ -1031,7 +1058,7 @@ def test_suspend_cuts_the_deletion_on_failure_grace_short() -> None:
     aw = failed(params)
     aw["spec"]["suspend"] = True
     plan = reconcile(aw, present(1), None, params, T0 + timedelta(minutes=1))
-    assert of(plan, DeleteComponent)
+    assert deletes(plan, DeleteComponent)
     aw = apply(aw, plan)
     aw = apply(aw, reconcile(aw, gone(1), None, params, T0 + timedelta(minutes=2)))
     assert cond(aw, "ResourcesDeployed")["message"] == MSG_KUEUE_FORCED_DELETION
@@ -1065,7 +1092,7 @@ def test_resources_of_a_succeeded_workload_are_removed_after_the_success_ttl() -
     plan = reconcile(aw, present(1), None, params, done + timedelta(minutes=29))
     assert not plan.actions and plan.requeue_at == done + timedelta(minutes=30), "TTL runs from success"
     plan = reconcile(aw, present(1), None, params, done + timedelta(minutes=30))
-    assert of(plan, DeleteComponent)
+    assert deletes(plan, DeleteComponent)
     aw = apply(aw, plan)
     aw = apply(aw, reconcile(aw, gone(1), None, params, done + timedelta(minutes=31)))
     deployed = cond(aw, "ResourcesDeployed")
@@ -1087,7 +1114,7 @@ def test_deleting_the_appwrapper_deletes_everything_then_removes_the_finalizer()
     aw = apply(aw, plan)
     assert plan.phase == Phase.TERMINATING
     assert plan.finalizer is None
-    assert of(plan, DeleteComponent)
+    assert deletes(plan, DeleteComponent)
 
     plan = reconcile(aw, gone(1), None, PARAMS, T0 + timedelta(seconds=10))
     aw = apply(aw, plan)
@@ -1257,9 +1284,9 @@ def cluster_after(observed: Observed, plan: Plan, n: int) -> Observed:
             name = action.body["metadata"].get("name", "")
             comps[action.index] = ObservedComponent(Presence.PRESENT, True, name)
             created[action.index] = CreateOutcome(CreateResult.CREATED, name=name)
-        elif isinstance(action, DeleteComponent | ForceDeleteComponent):
+        elif isinstance(action, DeleteComponent):
             comps[action.index] = ObservedComponent(Presence.ABSENT)
-        elif isinstance(action, ForceDeletePods):
+        elif isinstance(action, DeletePods) and action.force:
             pods = [p for p in pods if p.name not in action.names]
     if all(c.presence is Presence.ABSENT for c in comps):
         pods = []  # the components' controllers cascaded the deletion

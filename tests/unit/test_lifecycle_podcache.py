@@ -6,8 +6,8 @@ from typing import Any
 
 from services.lifecycle.observed import ObservedPod
 from services.lifecycle.podcache import PodCache
-from services.lifecycle.service import Lifecycle
-from shared.appwrapper.constants import APPWRAPPER_LABEL
+from services.lifecycle.reader import Reader
+from shared.appwrapper.constants import APPWRAPPER_LABEL, GROUP, KIND, PLURAL, VERSION
 from shared.kube import ResourceRef
 from shared.kube.watch import WatchEvent
 
@@ -115,29 +115,35 @@ class ListingKube:
         self.lists.append(str(query.get("labelSelector")))
         return {"items": [pod("listed", "a")]}
 
+    async def get(self, ref: ResourceRef, name: str, namespace: str | None = None) -> dict[str, Any]:
+        raise AssertionError("only pods are read here")
 
-def service_with(cache: PodCache, kube: ListingKube) -> Lifecycle:
-    # Only what observe_pods() uses: no runtime, no bus, no API server.
-    svc = Lifecycle.__new__(Lifecycle)
-    svc.kube = kube  # type: ignore[assignment]
-    svc.pods_ref = ResourceRef(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
-    svc.pod_cache = cache
-    return svc
+    async def resource(self, api_version: str, kind: str) -> ResourceRef:
+        raise AssertionError("only pods are read here")
 
 
-async def test_the_service_answers_from_the_cache_and_lists_only_where_it_cannot() -> None:
+def reader_with(cache: PodCache, kube: ListingKube) -> Reader:
+    return Reader(
+        kube,
+        appwrappers=ResourceRef(group=GROUP, version=VERSION, plural=PLURAL, kind=KIND, namespaced=True),
+        pods=ResourceRef(group="", version="v1", plural="pods", kind="Pod", namespaced=True),
+        pod_cache=cache,
+    )
+
+
+async def test_the_reader_answers_from_the_cache_and_lists_only_where_it_cannot() -> None:
     kube = ListingKube()
     cache = PodCache()
-    svc = service_with(cache, kube)
+    reader = reader_with(cache, kube)
     # Not synced yet: a LIST.
-    assert [p.name for p in await svc.observe_pods("team", "a") or ()] == ["listed"]
+    assert [p.name for p in await reader.observe_pods("team", "a") or ()] == ["listed"]
     assert kube.lists == [f"{APPWRAPPER_LABEL}=a"]
     cache.apply(WatchEvent("ADDED", pod("a-0", "a")))
     cache.apply(WatchEvent("SYNCED", {}))
     # Synced and holding pods: no request at all.
-    assert [p.name for p in await svc.observe_pods("team", "a") or ()] == ["a-0"]
+    assert [p.name for p in await reader.observe_pods("team", "a") or ()] == ["a-0"]
     assert len(kube.lists) == 1
     # "None left" is for the API server to say.
     cache.apply(WatchEvent("DELETED", pod("a-0", "a")))
-    assert [p.name for p in await svc.observe_pods("team", "a") or ()] == ["listed"]
+    assert [p.name for p in await reader.observe_pods("team", "a") or ()] == ["listed"]
     assert len(kube.lists) == 2

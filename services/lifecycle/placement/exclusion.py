@@ -17,20 +17,30 @@ first), and when the exclusions would leave fewer nodes able to host the workloa
 the oldest exclusions of such nodes are dropped until enough remain, with a note for an Event.
 
 A malformed annotation never stops a reset: it is read as its default, with a warning.
+
+The decision is part of the reset's plan (:func:`exclude_on_reset`, called by the pure machine
+when it resets a workload whose pods failed): an :class:`~services.lifecycle.actions.ExcludeNodes`
+action and a ``NodesExcluded`` Event, carried out by whichever instance wins the reset's status
+write, so once.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
+from services.lifecycle.actions import EmitEvent, ExcludeNodes
+from services.lifecycle.observed import ObservedNode
+from services.lifecycle.placement.capacity import nodes_needed
 from shared.appwrapper.constants import RESPAWN_PREFIX
 
 EXCLUDED_NODES_ANNOTATION: Final = f"{RESPAWN_PREFIX}excluded-nodes"
 NODE_EXCLUSION_ANNOTATION: Final = f"{RESPAWN_PREFIX}node-exclusion"
 DEFAULT_MAX_EXCLUDED_NODES: Final = 8
+# Reason of the Kubernetes Event that tells the user which nodes the next attempt avoids.
+NODES_EXCLUDED_EVENT: Final = "NodesExcluded"
 
 # RFC 1123 subdomain, the syntax of a node name.
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -64,6 +74,11 @@ def format_excluded_nodes(nodes: Iterable[str]) -> str:
     return ",".join(nodes)
 
 
+def excluded_nodes_patch(nodes: Sequence[str]) -> dict[str, str | None]:
+    """A merge-patch fragment for ``metadata.annotations`` recording ``nodes`` (None removes the key)."""
+    return {EXCLUDED_NODES_ANNOTATION: format_excluded_nodes(nodes) if nodes else None}
+
+
 def exclusion_enabled(annotations: Mapping[str, str]) -> tuple[bool, str | None]:
     """Whether node exclusion is on for the AppWrapper, and a warning if the opt-out value is malformed."""
     raw = annotations.get(NODE_EXCLUSION_ANNOTATION)
@@ -95,7 +110,7 @@ class ExclusionDecision:
 
     def annotation_patch(self) -> dict[str, str | None]:
         """A merge-patch fragment for ``metadata.annotations`` (None removes the key)."""
-        return {EXCLUDED_NODES_ANNOTATION: format_excluded_nodes(self.nodes) if self.nodes else None}
+        return excluded_nodes_patch(self.nodes)
 
 
 def decide_exclusions(
@@ -180,3 +195,37 @@ def _note(
             "otherwise no node would be left that can run the workload"
         )
     return "; ".join(parts)
+
+
+def exclude_on_reset(
+    aw: Mapping[str, Any],
+    *,
+    failed_nodes: Iterable[str],
+    nodes: Sequence[ObservedNode],
+    limit: int = DEFAULT_MAX_EXCLUDED_NODES,
+) -> tuple[ExcludeNodes, EmitEvent] | None:
+    """What a reset of ``aw`` after pods failed on ``failed_nodes`` does about node exclusion.
+
+    ``nodes`` are the cluster's nodes; those that accept new pods are the candidates. None when
+    there is nothing to record: the AppWrapper opted out, or its annotation already says it.
+    """
+    metadata = aw.get("metadata")
+    annotations: Mapping[str, str] = (metadata if isinstance(metadata, Mapping) else {}).get(
+        "annotations"
+    ) or {}
+    usable = [n for n in nodes if n.schedulable]
+    decision = decide_exclusions(
+        annotations,
+        failed_nodes=failed_nodes,
+        candidates=[n.name for n in usable],
+        limit=limit,
+        min_nodes=nodes_needed(aw, usable),
+    )
+    if not decision.enabled:
+        return None
+    if all(annotations.get(k) == v for k, v in decision.annotation_patch().items()):
+        return None
+    message = decision.note or f"the next attempts avoid nodes {', '.join(decision.nodes)} where pods failed"
+    return ExcludeNodes(nodes=decision.nodes), EmitEvent(
+        type="Normal", reason=NODES_EXCLUDED_EVENT, message=message
+    )

@@ -1,4 +1,4 @@
-"""The lifecycle service deletes exactly the objects its plan was computed from.
+"""The lifecycle executor deletes exactly the objects its plan was computed from.
 
 A plan that changes no status (e.g. one step of a staged deletion) is not guarded by the
 resourceVersion of a status write, so by the time it is carried out another replica may have
@@ -11,18 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.lifecycle.actions import (
-    DeleteComponent,
-    DeleteLeftoverPods,
-    ForceDeleteComponent,
-    ForceDeletePods,
-)
+from services.lifecycle.actions import DeleteComponent, DeletePods
+from services.lifecycle.executor import Executor
 from services.lifecycle.observed import Observed, ObservedComponent, ObservedPod, Presence
-from services.lifecycle.service import Lifecycle
+from shared.appwrapper.constants import GROUP, KIND, PLURAL, VERSION
 from shared.kube import ResourceRef
+from shared.messages import Message
 
 JOBS = ResourceRef(group="batch", version="v1", plural="jobs", kind="Job", namespaced=True)
 PODS = ResourceRef(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
+AWS = ResourceRef(group=GROUP, version=VERSION, plural=PLURAL, kind=KIND, namespaced=True)
 AW = {"metadata": {"name": "train", "namespace": "team", "uid": "aw-uid"}}
 
 
@@ -50,12 +48,13 @@ class RecordingKube:
         return None
 
 
-def service(kube: RecordingKube) -> Lifecycle:
-    # Only what act() uses: no runtime, no bus, no API server.
-    svc = Lifecycle.__new__(Lifecycle)
-    svc.kube = kube  # type: ignore[assignment]
-    svc.pods_ref = PODS
-    return svc
+class NoBus:
+    async def publish(self, subject: str, message: Message, *, msg_id: str | None) -> None:
+        raise AssertionError("a delete publishes nothing")
+
+
+def executor(kube: RecordingKube) -> Executor:
+    return Executor(kube, NoBus(), appwrappers=AWS, pods=PODS)
 
 
 def seen_job(uid: str, name: str = "train-job") -> Observed:
@@ -64,30 +63,30 @@ def seen_job(uid: str, name: str = "train-job") -> Observed:
 
 async def test_component_deletes_carry_the_observed_uid() -> None:
     kube = RecordingKube()
-    svc = service(kube)
+    ex = executor(kube)
     delete = DeleteComponent(index=0, api_version="batch/v1", kind="Job", namespace="team", name="train-job")
-    force = ForceDeleteComponent(
-        index=0, api_version="batch/v1", kind="Job", namespace="team", name="train-job"
+    force = DeleteComponent(
+        index=0, api_version="batch/v1", kind="Job", namespace="team", name="train-job", force=True
     )
-    await svc.act(AW, delete, seen_job("job-uid-1"))
-    await svc.act(AW, force, seen_job("job-uid-1"))
+    await ex.act(AW, delete, seen_job("job-uid-1"))
+    await ex.act(AW, force, seen_job("job-uid-1"))
     assert kube.deletes == [("jobs", "train-job", None, "job-uid-1"), ("jobs", "train-job", 0, "job-uid-1")]
 
 
 async def test_a_component_not_seen_under_that_name_is_deleted_by_name_only() -> None:
     kube = RecordingKube()
-    svc = service(kube)
+    ex = executor(kube)
     delete = DeleteComponent(index=0, api_version="batch/v1", kind="Job", namespace="team", name="train-job")
     # Seen under another name (or not read at all): no uid is known for this name.
-    await svc.act(AW, delete, seen_job("other-uid", name="train-job-old"))
-    await svc.act(AW, delete, Observed())
-    await svc.act(AW, delete)
+    await ex.act(AW, delete, seen_job("other-uid", name="train-job-old"))
+    await ex.act(AW, delete, Observed())
+    await ex.act(AW, delete)
     assert [uid for *_, uid in kube.deletes] == [None, None, None]
 
 
 async def test_forced_pod_deletes_carry_each_observed_pod_uid() -> None:
     kube = RecordingKube()
-    svc = service(kube)
+    ex = executor(kube)
     observed = Observed(
         pods=(
             ObservedPod(name="train-master-0", phase="Running", terminating=True, uid="pod-uid-1"),
@@ -95,7 +94,7 @@ async def test_forced_pod_deletes_carry_each_observed_pod_uid() -> None:
         )
     )
     names = ("train-master-0", "train-worker-0", "train-worker-1")
-    await svc.act(AW, ForceDeletePods(namespace="team", names=names), observed)
+    await ex.act(AW, DeletePods(namespace="team", names=names, force=True), observed)
     assert sorted(kube.deletes, key=str) == [
         ("pods", "train-master-0", 0, "pod-uid-1"),
         ("pods", "train-worker-0", 0, "pod-uid-2"),
@@ -105,10 +104,10 @@ async def test_forced_pod_deletes_carry_each_observed_pod_uid() -> None:
 
 async def test_leftover_pods_are_deleted_with_their_own_grace_period_and_observed_uid() -> None:
     kube = RecordingKube()
-    svc = service(kube)
+    ex = executor(kube)
     observed = Observed(pods=(ObservedPod(name="train-worker-0", phase="Running", uid="pod-uid-2"),))
     names = ("train-worker-0", "train-worker-1")
-    await svc.act(AW, DeleteLeftoverPods(namespace="team", names=names), observed)
+    await ex.act(AW, DeletePods(namespace="team", names=names), observed)
     assert sorted(kube.deletes, key=str) == [
         ("pods", "train-worker-0", None, "pod-uid-2"),
         ("pods", "train-worker-1", None, None),

@@ -1,7 +1,7 @@
-"""How the lifecycle service lets a deleted AppWrapper go.
+"""How the lifecycle executor lets a deleted AppWrapper go.
 
 When the plan removes our finalizer and it is the last one, the AppWrapper vanishes with it: the
-service skips the final status write (nobody could read it) and removes the finalizer in one
+executor skips the final status write (nobody could read it) and removes the finalizer in one
 patch guarded by the resourceVersion it already holds, reading afresh only if that is stale.
 """
 
@@ -10,12 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.lifecycle.executor import Executor
 from services.lifecycle.machine import FinalizerChange, Plan
-from services.lifecycle.service import Lifecycle
 from shared.appwrapper.constants import FINALIZER, GROUP, KIND, PLURAL, VERSION
 from shared.kube import KubeApiError, ResourceRef
+from shared.messages import Message
 
 AWS = ResourceRef(group=GROUP, version=VERSION, plural=PLURAL, kind=KIND, namespaced=True)
+PODS = ResourceRef(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
 
 
 def deleted_aw(finalizers: list[str]) -> dict[str, Any]:
@@ -66,12 +68,13 @@ class RecordingKube:
         return {}
 
 
-def service(kube: RecordingKube) -> Lifecycle:
-    # Only what carry_out() uses for a plan without actions: no runtime, no bus, no API server.
-    svc = Lifecycle.__new__(Lifecycle)
-    svc.kube = kube  # type: ignore[assignment]
-    svc.aw_ref = AWS
-    return svc
+class NoBus:
+    async def publish(self, subject: str, message: Message, *, msg_id: str | None) -> None:
+        raise AssertionError("a plan without actions publishes nothing")
+
+
+def executor(kube: RecordingKube) -> Executor:
+    return Executor(kube, NoBus(), appwrappers=AWS, pods=PODS)
 
 
 FINAL = Plan(
@@ -81,13 +84,13 @@ FINAL = Plan(
 
 async def test_the_last_finalizer_goes_in_one_guarded_patch_without_a_final_status_write() -> None:
     kube = RecordingKube()
-    await service(kube).carry_out(deleted_aw([FINALIZER]), FINAL, None)
+    await executor(kube).carry_out(deleted_aw([FINALIZER]), FINAL)
     assert kube.calls == [("patch", {"metadata": {"resourceVersion": "41", "finalizers": []}})]
 
 
 async def test_a_stale_resource_version_falls_back_to_a_fresh_read() -> None:
     kube = RecordingKube(current="42")
-    await service(kube).carry_out(deleted_aw([FINALIZER]), FINAL, None)
+    await executor(kube).carry_out(deleted_aw([FINALIZER]), FINAL)
     assert [c[0] for c in kube.calls] == ["patch", "get", "patch"]
     test_op, replace_op = kube.calls[2][1]
     assert test_op == {"op": "test", "path": "/metadata/resourceVersion", "value": "42"}
@@ -97,7 +100,7 @@ async def test_a_stale_resource_version_falls_back_to_a_fresh_read() -> None:
 async def test_with_another_finalizer_left_the_final_status_is_still_written() -> None:
     kube = RecordingKube()
     aw = deleted_aw(["example.com/keep", FINALIZER])
-    await service(kube).carry_out(aw, FINAL, None)
+    await executor(kube).carry_out(aw, FINAL)
     assert kube.calls[0] == ("replace_status", FINAL.status)
     assert kube.calls[1][0] == "patch"
     assert kube.calls[1][1]["metadata"]["finalizers"] == ["example.com/keep"]

@@ -1,0 +1,116 @@
+"""Turning what arrives on the bus into work: verdicts and observations → reconciles of AppWrappers.
+
+- Verdicts (a durable consumer shared by all replicas: each verdict goes to one replica). One
+  that can change the phase is applied at once and acked only after the status write it causes
+  has succeeded; a Healthy one is queued. The latest verdict of each AppWrapper is kept for the
+  reconciles that follow (:class:`LatestVerdicts`).
+- Observations of AppWrappers, their pods and components are only triggers: the reconcile reads
+  the authoritative state from the API server. They are debounced.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from services.lifecycle.verdicts import VerdictUse
+from services.lifecycle.workqueue import Key, WorkQueue
+from shared.bus import Delivery, TransientError
+from shared.kubetime import utcnow
+from shared.messages import AppWrapperObservation, Message, PodObservation, Verdict
+
+__all__ = ["LatestVerdicts", "ReconcileKey", "Triggers", "key_of"]
+
+log = logging.getLogger(__name__)
+
+
+def key_of(message: Message) -> Key | None:
+    """The AppWrapper a verdict or an observation is about (None: none)."""
+    ref = getattr(message, "ref", None)
+    if ref is None:
+        return None
+    if isinstance(message, AppWrapperObservation | Verdict):
+        return ref.namespace, ref.name
+    appwrapper = getattr(message, "appwrapper", "")
+    return (ref.namespace, appwrapper) if appwrapper else None
+
+
+class ReconcileKey(Protocol):
+    def __call__(
+        self, key: Key, verdict: Verdict | None, *, urgent: bool = False
+    ) -> Awaitable[VerdictUse]: ...
+
+
+class LatestVerdicts:
+    """The latest verdict of each AppWrapper, handed to each of its reconciles.
+
+    Verdicts of one AppWrapper arrive in order, but a redelivery can bring back an older one;
+    a verdict about a new incarnation (another uid) always replaces the old incarnation's.
+    """
+
+    def __init__(self) -> None:
+        self._latest: dict[Key, Verdict] = {}
+
+    def offer(self, verdict: Verdict) -> None:
+        key = (verdict.ref.namespace, verdict.ref.name)
+        known = self._latest.get(key)
+        if known is None or known.ref.uid != verdict.ref.uid or known.seq <= verdict.seq:
+            self._latest[key] = verdict
+
+    def get(self, key: Key) -> Verdict | None:
+        return self._latest.get(key)
+
+    def forget(self, key: Key) -> None:
+        """The AppWrapper is gone."""
+        self._latest.pop(key, None)
+
+
+class Triggers:
+    def __init__(
+        self,
+        *,
+        queue: WorkQueue,
+        latest: LatestVerdicts,
+        reconcile: ReconcileKey,
+        pods_watched: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """``pods_watched``: whether the pod cache's own watch triggers reconciles (it has synced)."""
+        self.queue = queue
+        self.latest = latest
+        self.reconcile = reconcile
+        self.pods_watched = pods_watched
+
+    async def on_verdict(self, verdict: Verdict, delivery: Delivery) -> None:
+        self.latest.offer(verdict)
+        key = (verdict.ref.namespace, verdict.ref.name)
+        if verdict.state == "Healthy":
+            # A Healthy verdict changes at most a condition; it must not wait in line in front of
+            # the verdicts that reset or finish workloads (the consumer is sequential). The
+            # coalescing workers apply it with the AppWrapper's next reconcile.
+            self.queue.enqueue(key)
+            return
+        started = utcnow()
+        use = await self.reconcile(key, verdict, urgent=verdict.state == "Unhealthy")
+        log.debug(
+            "verdict %s/%s %s seq %d (decided %.0f ms before arrival): %s after %.0f ms",
+            key[0],
+            key[1],
+            verdict.state,
+            verdict.seq,
+            (started - verdict.decided_at).total_seconds() * 1000,
+            use,
+            (utcnow() - started).total_seconds() * 1000,
+        )
+        if use is VerdictUse.HELD:
+            # Not applicable yet (e.g. the workload is still being created): keep it unacked.
+            raise TransientError(f"verdict for {key[0]}/{key[1]} held", delay=1.0)
+
+    async def on_observation(self, message: Message, delivery: Delivery) -> None:
+        if isinstance(message, PodObservation) and self.pods_watched():
+            # The pod cache's own watch triggers the same reconcile, after the cache has the
+            # change (a trigger from the bus could arrive first and read the cache stale).
+            return
+        key = key_of(message)
+        if key is not None and key[1]:
+            self.queue.debounce(key)

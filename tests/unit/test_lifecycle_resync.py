@@ -1,0 +1,68 @@
+"""The periodic resync: which AppWrappers have work or a clock pending, and that only they are queued."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from services.lifecycle.machine import needs_attention
+from services.lifecycle.resync import Resync
+from services.lifecycle.workqueue import Key
+from shared.kube import KubeApiError
+
+
+def aw(
+    phase: str, *, deployed: bool = False, quota: bool = False, suspend: bool = False, name: str = "a"
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "team"},
+        "spec": {"suspend": suspend},
+        "status": {
+            "phase": phase,
+            "conditions": [
+                {"type": "ResourcesDeployed", "status": "True" if deployed else "False"},
+                {"type": "QuotaReserved", "status": "True" if quota else "False"},
+            ],
+        },
+    }
+
+
+def test_resync_only_picks_appwrappers_with_work_or_clocks_pending() -> None:
+    assert not needs_attention(aw("Running", deployed=True, quota=True))
+    assert not needs_attention(aw("Failed"))
+    assert needs_attention(aw("Failed", deployed=True, quota=True))
+    assert needs_attention(aw("Succeeded", deployed=True))
+    assert not needs_attention(aw("Succeeded"))
+    assert needs_attention(aw("Resetting", deployed=True, quota=True))
+    assert needs_attention(aw(""))
+    assert not needs_attention(aw("Suspended", suspend=True))
+    assert needs_attention(aw("Suspended", suspend=False))
+    deleting = aw("Running", deployed=True)
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert needs_attention(deleting)
+
+
+async def test_one_round_queues_every_page_s_appwrappers_that_need_attention() -> None:
+    pages = [
+        [aw("Running", deployed=True, quota=True, name="steady"), aw("Resetting", name="resetting")],
+        [aw("Succeeded", deployed=True, name="ttl"), aw("Succeeded", name="done")],
+    ]
+
+    async def listing() -> AsyncIterator[Sequence[Mapping[str, Any]]]:
+        for page in pages:
+            yield page
+
+    queued: list[Key] = []
+    await Resync(listing, queued.append, period=timedelta(seconds=30)).once()
+    assert queued == [("team", "resetting"), ("team", "ttl")]
+
+
+async def test_a_failed_list_is_left_for_the_next_round() -> None:
+    async def failing() -> AsyncIterator[Sequence[Mapping[str, Any]]]:
+        yield [aw("Resetting", name="first")]
+        raise KubeApiError(503, "ServiceUnavailable", "etcd is down")
+
+    queued: list[Key] = []
+    await Resync(failing, queued.append, period=timedelta(seconds=30)).once()
+    assert queued == [("team", "first")]

@@ -1,0 +1,114 @@
+"""What arrives on the bus becomes work: which verdicts are applied at once, which are queued."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from services.lifecycle.triggers import LatestVerdicts, Triggers, key_of
+from services.lifecycle.verdicts import VerdictUse
+from services.lifecycle.workqueue import Key, WorkQueue
+from shared.bus import TransientError
+from shared.messages import AppWrapperObservation, ObjectRef, PodObservation, Verdict
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+KEY = ("team", "train")
+
+
+def verdict(state: str, *, seq: int = 1, uid: str = "uid-1") -> Verdict:
+    return Verdict(
+        ref=ObjectRef(namespace="team", name="train", uid=uid),
+        state=state,
+        seq=seq,
+        decided_at=T0,
+        resetting_count=0,
+    )
+
+
+def pod_observation(appwrapper: str = "train") -> PodObservation:
+    return PodObservation(
+        ref=ObjectRef(namespace="team", name="train-0", uid="p"), appwrapper=appwrapper, observed_at=T0
+    )
+
+
+class Reconciles:
+    """Stands in for the reconciler: records calls, answers ``use``."""
+
+    def __init__(self, use: VerdictUse = VerdictUse.APPLIED) -> None:
+        self.calls: list[tuple[Key, Verdict | None, bool]] = []
+        self.use = use
+
+    async def __call__(self, key: Key, verdict: Verdict | None, *, urgent: bool = False) -> VerdictUse:
+        self.calls.append((key, verdict, urgent))
+        return self.use
+
+
+def triggers(reconcile: Reconciles, *, pods_watched: bool = False) -> tuple[Triggers, WorkQueue]:
+    queue = WorkQueue(clock=lambda: T0, debounce=timedelta(0))
+    latest = LatestVerdicts()
+    return Triggers(queue=queue, latest=latest, reconcile=reconcile, pods_watched=lambda: pods_watched), queue
+
+
+DELIVERY: Any = None  # the handlers do not look at it
+
+
+async def test_an_unhealthy_verdict_is_applied_at_once_and_urgently() -> None:
+    reconcile = Reconciles()
+    t, _ = triggers(reconcile)
+    v = verdict("Unhealthy")
+    await t.on_verdict(v, DELIVERY)
+    assert reconcile.calls == [(KEY, v, True)]
+    assert t.latest.get(KEY) == v
+
+
+async def test_a_healthy_verdict_waits_for_the_next_reconcile_of_its_appwrapper() -> None:
+    reconcile = Reconciles()
+    t, queue = triggers(reconcile)
+    await t.on_verdict(verdict("Healthy"), DELIVERY)
+    assert reconcile.calls == []
+    assert await asyncio.wait_for(queue.next_key(), timeout=1.0) == KEY
+
+
+async def test_a_held_verdict_is_kept_unacked() -> None:
+    t, _ = triggers(Reconciles(VerdictUse.HELD))
+    with pytest.raises(TransientError):
+        await t.on_verdict(verdict("Succeeded"), DELIVERY)
+
+
+async def test_a_redelivered_older_verdict_does_not_replace_the_latest() -> None:
+    latest = LatestVerdicts()
+    newer = verdict("Unhealthy", seq=5)
+    latest.offer(newer)
+    latest.offer(verdict("Healthy", seq=4))
+    assert latest.get(KEY) == newer
+    recreated = verdict("Healthy", seq=1, uid="uid-2")
+    latest.offer(recreated)
+    assert latest.get(KEY) == recreated, "a new incarnation starts its own sequence"
+    latest.forget(KEY)
+    assert latest.get(KEY) is None
+
+
+async def test_observations_are_debounced_triggers() -> None:
+    t, queue = triggers(Reconciles())
+    observation = AppWrapperObservation(
+        ref=ObjectRef(namespace="team", name="train", uid="uid-1"), observed_at=T0
+    )
+    await t.on_observation(observation, DELIVERY)
+    await t.on_observation(pod_observation(), DELIVERY)
+    assert await asyncio.wait_for(queue.next_key(), timeout=1.0) == KEY
+    assert len(queue) == 0 and not queue.scheduled(KEY), "one reconcile for both"
+
+
+async def test_pod_observations_are_left_to_the_pod_cache_once_it_watches() -> None:
+    t, queue = triggers(Reconciles(), pods_watched=True)
+    await t.on_observation(pod_observation(), DELIVERY)
+    assert len(queue) == 0 and not queue.scheduled(KEY)
+
+
+def test_keys_name_the_appwrapper_a_message_is_about() -> None:
+    assert key_of(verdict("Healthy")) == KEY
+    assert key_of(pod_observation()) == KEY
+    assert key_of(pod_observation(appwrapper="")) is None
