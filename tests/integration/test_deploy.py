@@ -1175,13 +1175,23 @@ async def test_services_with_their_own_accounts_turn_node_labels_into_node_verdi
     subject = subjects.node_verdict(TEST_RESOURCE)
 
     async def last_verdict() -> NodeVerdict | None:
-        # Read with autopilot's own user, which reads stored node verdicts at start.
-        async with client(stack.auth, "autopilot") as autopilot:
-            try:
-                raw = await autopilot.js.get_last_msg(subjects.NODE_VERDICTS_STREAM, subject)
-            except nats.js.errors.NotFoundError:
-                return None
-            return decode(NodeVerdict, raw.data)
+        # Read with autopilot's own user, the way it reads stored node verdicts at start.
+        found: list[NodeVerdict] = []
+
+        async def keep(message: NodeVerdict, delivery: Delivery) -> None:
+            found.append(message)
+
+        async with service_bus(stack.auth, "autopilot") as autopilot:
+            await autopilot.replay(
+                subjects.NODE_VERDICTS_STREAM,
+                unique("autopilot"),
+                subject,
+                NodeVerdict,
+                keep,
+                last_per_subject=True,
+                follow=False,
+            )
+        return found[-1] if found else None
 
     sim.label_node(kc, node, TEST_LABEL, "BAD")
     try:
