@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,6 @@ from shared.bus.publish import Published, publish
 from shared.bus.replay import CaughtUp, Replay, start_replay
 from shared.bus.streams import StreamSpec, default_streams, ensure_stream
 from shared.messages import Message
-
-log = logging.getLogger(__name__)
 
 
 class Bus:
