@@ -156,8 +156,10 @@ _BUS: Mapping[str, _ServiceBus] = {
             _Reads(_OBS),
             _Reads(subjects.NODE_VERDICTS_STREAM),
             # The last verdict per AppWrapper, replayed at start so none is published twice.
-            _Reads(subjects.VERDICTS_STREAM, kind="ordered"),
+            _Reads(subjects.VERDICTS_STREAM),
         ),
+        # Its per-run replay consumers (Bus.replay) are removed when it stops, not left to expire.
+        deletes_consumers_on=(_OBS, subjects.NODE_VERDICTS_STREAM, subjects.VERDICTS_STREAM),
     ),
     "lifecycle": _ServiceBus(
         publishes=(subjects.lifecycle_filter(),),
@@ -168,11 +170,13 @@ _BUS: Mapping[str, _ServiceBus] = {
     ),
     "autopilot": _ServiceBus(
         publishes=(subjects.node_verdict_filter(),),
-        reads=(_Reads(_OBS),),
-        # Its per-run consumer is removed on shutdown rather than left to expire.
-        deletes_consumers_on=(_OBS,),
-        # The stored node verdicts, read one subject at a time at start.
-        gets_messages_from=(subjects.NODE_VERDICTS_STREAM,),
+        reads=(
+            _Reads(_OBS),
+            # The stored node verdicts (the last per resource), replayed at start.
+            _Reads(subjects.NODE_VERDICTS_STREAM),
+        ),
+        # Its per-run replay consumers (Bus.replay) are removed when it stops, not left to expire.
+        deletes_consumers_on=(_OBS, subjects.NODE_VERDICTS_STREAM),
     ),
 }
 

@@ -17,7 +17,6 @@ alone would have JetStream drop the third verdict as a repeat of the first.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -27,13 +26,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-import nats.js.errors
-
 from services.autopilot.nodes import NodeHealthState, ResourceNodes, apply, verdicts
 from shared import metrics, subjects
-from shared.bus import Consumer, Delivery, TransientError, replay_consumer_name
+from shared.bus import Delivery, Replay, TransientError, replay_consumer_name, until_done
 from shared.kubetime import as_utc, utcnow
-from shared.messages import InvalidMessage, NodeObservation, NodeVerdict, decode
+from shared.messages import NodeObservation, NodeVerdict
 from shared.runtime import Runtime, entry
 from shared.taints import NO_EXECUTE, NO_SCHEDULE, PREFER_NO_SCHEDULE, Effect, ResourceTaints
 
@@ -53,8 +50,6 @@ EFFECTS: tuple[Effect, ...] = (NO_EXECUTE, NO_SCHEDULE, PREFER_NO_SCHEDULE)
 
 # How long a replica's consumer outlives the replica (the server deletes it afterwards).
 CONSUMER_INACTIVE_THRESHOLD = 300.0
-# How often the start-up check asks the server whether the replay has been delivered.
-REPLAY_POLL_SECONDS = 0.5
 
 
 def consumer_name(instance: str) -> str:
@@ -160,7 +155,8 @@ class AutopilotService:
         self.last_seq = 0
         self.lock = asyncio.Lock()
         self.durable = consumer_name(instance_name())
-        self.consumer: Consumer[NodeObservation] | None = None
+        # The replay of the node observations (None until run() starts it, or when not monitoring).
+        self.consumer: Replay[NodeObservation] | None = None
 
     # ------------------------------------------------------------------ publishing
 
@@ -215,28 +211,25 @@ class AutopilotService:
             self.last_seq = max(self.last_seq, delivery.stream_seq)
             if changed or not self.caught_up:
                 self.update_gauges()
-            if not self.caught_up and delivery.num_pending == 0:
-                await self.catch_up()
 
     # ------------------------------------------------------------------ start-up
 
     async def stored_verdicts(self) -> dict[str, NodeVerdict]:
         """The last verdict stored for every resource, read from the node-verdict stream."""
-        js = self.rt.bus.js
-        stream = subjects.NODE_VERDICTS_STREAM
-        info = await js.stream_info(stream, subjects_filter=subjects.node_verdict_filter())
         found: dict[str, NodeVerdict] = {}
-        for subject in sorted((info.state.subjects or {}).keys()):
-            try:
-                raw = await js.get_last_msg(stream, subject)
-            except nats.js.errors.NotFoundError:
-                continue  # purged in between
-            try:
-                verdict = decode(NodeVerdict, raw.data)
-            except InvalidMessage as exc:
-                log.warning("ignoring the stored node verdict on %s: %s", subject, exc)
-                continue
+
+        async def keep(verdict: NodeVerdict, delivery: Delivery) -> None:
             found[verdict.resource] = verdict
+
+        await self.rt.bus.replay(
+            subjects.NODE_VERDICTS_STREAM,
+            f"{self.durable}-verdicts",
+            subjects.node_verdict_filter(),
+            NodeVerdict,
+            keep,
+            last_per_subject=True,
+            follow=False,
+        )
         return found
 
     async def catch_up(self) -> None:
@@ -272,43 +265,33 @@ class AutopilotService:
         )
 
     async def finish_replay(self) -> None:
-        """Catch up even if no delivery says "nothing pending": an empty stream, or a last message
-        that was dead-lettered, never reaches the handler with ``num_pending == 0``."""
-        while not self.caught_up:
-            try:
-                if self.consumer is None:
-                    ready = True
-                else:
-                    info = await self.rt.bus.js.consumer_info(subjects.OBSERVATIONS_STREAM, self.durable)
-                    ready = info.num_pending == 0 and info.num_ack_pending == 0
-                if ready:
-                    async with self.lock:
-                        await self.catch_up()
-            except Exception as exc:
-                log.warning("finishing the node replay: %s; retrying", exc)
-            if not self.caught_up:
-                await asyncio.sleep(REPLAY_POLL_SECONDS)
+        """The replay is complete (or there is none): catch up, under the lock.
+
+        The replay calls this once it has caught up and retries it until it succeeds (see
+        ``Bus.replay``); without a replay, run() retries it the same way.
+        """
+        async with self.lock:
+            await self.catch_up()
 
     async def run(self) -> None:
         self.rt.add_check("replayed", lambda: self.caught_up)
-        if self.monitor:
-            self.consumer = await self.rt.bus.consume(
-                subjects.OBSERVATIONS_STREAM,
-                self.durable,
-                subjects.node_obs_filter(),
-                NodeObservation,
-                self.on_node,
-                inactive_threshold=CONSUMER_INACTIVE_THRESHOLD,
-            )
-        else:
-            # Nothing is judged, so nothing may stay flagged: catch-up publishes empty sets for
-            # every resource that a previous configuration left with unhealthy nodes.
-            log.info("autopilot.monitorNodes is off: not watching node health")
         try:
-            await self.finish_replay()
-            if self.consumer is not None and self.consumer.task is not None:
-                await self.consumer.task
+            if self.monitor:
+                self.consumer = await self.rt.bus.replay(
+                    subjects.OBSERVATIONS_STREAM,
+                    self.durable,
+                    subjects.node_obs_filter(),
+                    NodeObservation,
+                    self.on_node,
+                    on_caught_up=self.finish_replay,
+                    inactive_threshold=CONSUMER_INACTIVE_THRESHOLD,
+                )
+                await (self.consumer.task or asyncio.Event().wait())
             else:
+                # Nothing is judged, so nothing may stay flagged: catch-up publishes empty sets for
+                # every resource that a previous configuration left with unhealthy nodes.
+                log.info("autopilot.monitorNodes is off: not watching node health")
+                await until_done("publishing the node verdicts at start-up", self.finish_replay)
                 await asyncio.Event().wait()
         finally:
             await self.remove_consumer()
@@ -316,13 +299,8 @@ class AutopilotService:
     async def remove_consumer(self) -> None:
         """Delete this run's consumer at once rather than leaving it to the inactivity timeout."""
         consumer, self.consumer = self.consumer, None
-        if consumer is None:
-            return
-        with contextlib.suppress(Exception):
+        if consumer is not None:
             await consumer.stop(grace=2.0)
-            await asyncio.wait_for(
-                self.rt.bus.js.delete_consumer(subjects.OBSERVATIONS_STREAM, self.durable), 2.0
-            )
 
 
 async def main(rt: Runtime) -> None:

@@ -17,7 +17,6 @@ import heapq
 import logging
 from datetime import datetime
 
-from nats.js import api
 from opentelemetry import trace
 from opentelemetry.context import Context
 
@@ -35,7 +34,6 @@ from shared.messages import (
     NodeVerdict,
     PodObservation,
     Verdict,
-    decode,
 )
 from shared.runtime import Runtime, entry
 
@@ -54,6 +52,8 @@ EVAL_SECONDS = metrics.histogram(
 Key = tuple[str, str]
 
 EVAL_WINDOW = 256
+# How long this replica's consumers outlive it if it dies without deleting them.
+CONSUMER_INACTIVE_THRESHOLD = 300.0
 
 
 class HealthService:
@@ -181,8 +181,6 @@ class HealthService:
         self.trace_contexts[key] = delivery.trace_context
         if self.caught_up:
             self.mark_dirty(key)
-        elif delivery.num_pending == 0:
-            self.catch_up()
 
     async def on_node_verdict(self, message: NodeVerdict, delivery: Delivery) -> None:
         previous = self.node_verdicts.get(message.resource)
@@ -194,8 +192,12 @@ class HealthService:
             if self.caught_up and affected_by(state, previous, message):
                 self.mark_dirty(key)
 
-    def catch_up(self) -> None:
-        """The replay is complete: judge everything once, from now on judge as things arrive."""
+    async def catch_up(self) -> None:
+        """The replay is complete: judge everything once, from now on judge as things arrive.
+
+        Runs in the observation consumer's task (see ``Bus.replay``), so no observation is
+        folded in between the end of the replay and this.
+        """
         self.caught_up = True
         log.info("replayed %d AppWrappers; evaluating", len(self.states))
         for key in self.states:
@@ -221,62 +223,52 @@ class HealthService:
 
     # ------------------------------------------------------------------ start-up
 
-    async def seed_last_verdicts(self) -> None:
+    async def seed_last_verdicts(self, durable: str) -> None:
         """Read the newest verdict of every AppWrapper so none is published twice after a restart."""
-        js = self.rt.bus.js
-        sub = await js.subscribe(
-            subjects.verdict_filter(),
-            stream=subjects.VERDICTS_STREAM,
-            ordered_consumer=True,
-            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
-        )
         count = 0
-        try:
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=1.0)
-                except TimeoutError:
-                    break
-                try:
-                    verdict = decode(Verdict, msg.data)
-                except Exception:
-                    continue
-                key = (verdict.ref.namespace, verdict.ref.name)
-                self.states[key] = remember_published(self.state_for(key), verdict)
-                count += 1
-                if msg.metadata.num_pending == 0:
-                    break
-        finally:
-            await sub.unsubscribe()
+
+        async def remember(verdict: Verdict, delivery: Delivery) -> None:
+            nonlocal count
+            key = (verdict.ref.namespace, verdict.ref.name)
+            self.states[key] = remember_published(self.state_for(key), verdict)
+            count += 1
+
+        await self.rt.bus.replay(
+            subjects.VERDICTS_STREAM,
+            durable,
+            subjects.verdict_filter(),
+            Verdict,
+            remember,
+            last_per_subject=True,
+            follow=False,
+        )
         log.info("seeded %d last verdicts", count)
 
     async def run(self) -> None:
         self.rt.add_check("replayed", lambda: self.caught_up)
-        await self.seed_last_verdicts()
         me = replay_consumer_name("health")
+        await self.seed_last_verdicts(f"{me}-verdicts")
         timer = asyncio.create_task(self.timer(), name="health-deadlines")
         evaluator = asyncio.create_task(self.evaluator(), name="health-evaluator")
-        await self.rt.bus.consume(
+        await self.rt.bus.replay(
             subjects.NODE_VERDICTS_STREAM,
             f"{me}-nodes",
             subjects.node_verdict_filter(),
             NodeVerdict,
             self.on_node_verdict,
-            inactive_threshold=300.0,
+            inactive_threshold=CONSUMER_INACTIVE_THRESHOLD,
         )
-        consumer = await self.rt.bus.consume(
+        observations = await self.rt.bus.replay(
             subjects.OBSERVATIONS_STREAM,
             me,
             subjects.appwrapper_obs_filter(),
             AnyObservation,
             self.on_observation,
-            inactive_threshold=300.0,
+            on_caught_up=self.catch_up,
+            inactive_threshold=CONSUMER_INACTIVE_THRESHOLD,
         )
-        info = await self.rt.bus.js.consumer_info(subjects.OBSERVATIONS_STREAM, me)
-        if info.num_pending == 0 and not self.caught_up:
-            self.catch_up()
         try:
-            await asyncio.gather(timer, evaluator, consumer.task or asyncio.Event().wait())
+            await asyncio.gather(timer, evaluator, observations.task or asyncio.Event().wait())
         finally:
             timer.cancel()
             evaluator.cancel()

@@ -35,8 +35,6 @@ from shared.bus import (
     Bus,
     BusError,
     Delivery,
-    KvConflict,
-    KvEntry,
     StreamSpec,
     TransientError,
     default_streams,
@@ -128,12 +126,6 @@ async def test_setup_twice_is_idempotent(bus: Bus) -> None:
         assert info.config.duplicate_window == pytest.approx(bus.duplicate_window)
     obs = await bus.js.stream_info(subjects.OBSERVATIONS_STREAM)
     assert obs.config.max_msgs_per_subject == 1  # observations keep only the latest state
-
-    bucket = f"t_{uid()}"
-    kv1 = await bus.kv(bucket, history=5)
-    rev = await kv1.put("k", b"v1")
-    kv2 = await bus.kv(bucket, history=5)
-    assert await kv2.get("k") == KvEntry(key="k", value=b"v1", revision=rev)
 
     durable = f"t_{uid()}"
     config = api.ConsumerConfig(
@@ -482,37 +474,6 @@ async def test_trace_context_round_trips_from_producer_to_consumer(nats_url: str
     finally:
         await b.close()
         provider.shutdown()
-
-
-# ------------------------------------------------------------------ KV
-
-
-async def test_kv_compare_and_set(bus: Bus) -> None:
-    kv = await bus.kv(f"t_{uid()}")
-    assert await kv.get("state") is None
-    rev1 = await kv.create("state", b"a")
-    with pytest.raises(KvConflict):
-        await kv.create("state", b"again")
-    rev2 = await kv.update("state", b"b", revision=rev1)
-    with pytest.raises(KvConflict):
-        await kv.update("state", b"stale", revision=rev1)
-    assert await kv.get("state") == KvEntry(key="state", value=b"b", revision=rev2)
-    await kv.delete("state", revision=rev2)
-    assert await kv.get("state") is None
-    assert await kv.create("state", b"c") > rev2  # a deleted key can be created again
-    assert await kv.keys() == ["state"]
-
-
-async def test_kv_update_with_serialises_concurrent_writers(bus: Bus) -> None:
-    kv = await bus.kv(f"t_{uid()}")
-
-    def increment(entry: KvEntry | None) -> bytes:
-        return str(int(entry.value) + 1 if entry else 1).encode()
-
-    await asyncio.gather(*(kv.update_with("n", increment, attempts=50) for _ in range(10)))
-    entry = await kv.get("n")
-    assert entry is not None and entry.value == b"10"  # no lost update
-    assert await kv.update_with("n", lambda e: None) == entry  # "no change" writes nothing
 
 
 async def test_a_service_without_tracing_still_passes_the_trace_on(bus: Bus) -> None:

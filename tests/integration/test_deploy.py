@@ -797,37 +797,40 @@ async def test_each_service_user_can_do_its_job_on_the_bus(auth_nats: AuthNats, 
         assert not published.duplicate and published.seq > 0
         for feed in FEEDS[service]:
             await consume_one_and_dead_letter_one(auth_nats, service, bus, feed)
-        if service == "health":
-            # The start-up replay of the last verdict per AppWrapper (an ordered push consumer).
-            sub = await bus.js.subscribe(
+        if service in ("health", "autopilot"):
+            # The start-up reads (Bus.replay of the last message per subject): health's of the
+            # verdicts, autopilot's of the node verdicts; each deletes its consumer when done.
+            stream = subjects.VERDICTS_STREAM if service == "health" else subjects.NODE_VERDICTS_STREAM
+            read: list[Message] = []
+
+            async def keep(message: Message, delivery: Delivery) -> None:
+                if delivery.subject == subject:
+                    read.append(message)
+
+            await bus.replay(
+                stream,
+                unique(service),
                 subject,
-                stream=subjects.VERDICTS_STREAM,
-                ordered_consumer=True,
-                deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+                type(message),
+                keep,
+                last_per_subject=True,
+                follow=False,
             )
-            replayed = await sub.next_msg(timeout=5)
-            assert decode(Verdict, replayed.data) == message
-            await sub.unsubscribe()
-        if service == "autopilot":
-            # The start-up read of the stored node verdicts, and removing its own consumer.
-            info = await bus.js.stream_info(
-                subjects.NODE_VERDICTS_STREAM, subjects_filter=subjects.node_verdict_filter()
-            )
-            assert subject in (info.state.subjects or {})
-            last = await bus.js.get_last_msg(subjects.NODE_VERDICTS_STREAM, subject)
-            assert decode(NodeVerdict, last.data) == message
-            durable = unique("autopilot")
-            consumer = await bus.consume(
+            assert read == [message]
+            # The replay it follows from then on, stopped and deleted at shutdown.
+            durable = unique(service)
+            observations = await bus.replay(
                 subjects.OBSERVATIONS_STREAM,
                 durable,
-                subjects.node_obs_filter(),
-                NodeObservation,
+                subjects.node_obs_filter() if service == "autopilot" else subjects.appwrapper_obs_filter(),
+                NodeObservation if service == "autopilot" else AnyObservation,
                 _ignore,
-                inactive_threshold=60.0,
+                fetch_timeout=0.2,
             )
-            await until("autopilot's consumer to bind", lambda: consumer.running, within=10)
-            await consumer.stop()
-            assert await bus.js.delete_consumer(subjects.OBSERVATIONS_STREAM, durable)
+            await asyncio.wait_for(observations.wait_caught_up(), 10)
+            await observations.stop()
+            with pytest.raises(nats.js.errors.NotFoundError):
+                await bus.js.consumer_info(subjects.OBSERVATIONS_STREAM, durable)
 
 
 async def _ignore(message: Message, delivery: Delivery) -> None:
@@ -1172,13 +1175,23 @@ async def test_services_with_their_own_accounts_turn_node_labels_into_node_verdi
     subject = subjects.node_verdict(TEST_RESOURCE)
 
     async def last_verdict() -> NodeVerdict | None:
-        # Read with autopilot's own user, which reads stored node verdicts at start.
-        async with client(stack.auth, "autopilot") as autopilot:
-            try:
-                raw = await autopilot.js.get_last_msg(subjects.NODE_VERDICTS_STREAM, subject)
-            except nats.js.errors.NotFoundError:
-                return None
-            return decode(NodeVerdict, raw.data)
+        # Read with autopilot's own user, the way it reads stored node verdicts at start.
+        found: list[NodeVerdict] = []
+
+        async def keep(message: NodeVerdict, delivery: Delivery) -> None:
+            found.append(message)
+
+        async with service_bus(stack.auth, "autopilot") as autopilot:
+            await autopilot.replay(
+                subjects.NODE_VERDICTS_STREAM,
+                unique("autopilot"),
+                subject,
+                NodeVerdict,
+                keep,
+                last_per_subject=True,
+                follow=False,
+            )
+        return found[-1] if found else None
 
     sim.label_node(kc, node, TEST_LABEL, "BAD")
     try:

@@ -175,19 +175,15 @@ class FakeBus:
         self.last[subject] = (msg_id, message.encode())
         return SimpleNamespace(duplicate=False)
 
-    @property
-    def js(self) -> Any:
-        bus = self
-
-        class Js:
-            async def stream_info(self, stream: str, subjects_filter: str | None = None) -> Any:
-                assert stream == subjects.NODE_VERDICTS_STREAM
-                return SimpleNamespace(state=SimpleNamespace(subjects={s: 1 for s in bus.last}))
-
-            async def get_last_msg(self, stream: str, subject: str) -> Any:
-                return SimpleNamespace(data=bus.last[subject][1])
-
-        return Js()
+    async def replay(
+        self, stream: str, durable: str, filters: str, cls: type[NodeVerdict], handler: Any, **options: Any
+    ) -> Any:
+        """Autopilot's one read of the node-verdict stream: the last verdict per resource."""
+        assert stream == subjects.NODE_VERDICTS_STREAM
+        assert options == {"last_per_subject": True, "follow": False}
+        for _, data in self.last.values():
+            await handler(decode(cls, data), delivery(0))
+        return SimpleNamespace()
 
     def verdict(self, resource: str = GPU) -> NodeVerdict:
         return decode(NodeVerdict, self.last[subjects.node_verdict(resource)][1])
@@ -213,6 +209,8 @@ async def test_nothing_is_published_during_the_replay_and_the_full_sets_once_it_
     await svc.on_node(node("n2", "ERR"), delivery(2, pending=1))
     assert bus.sent == [] and not svc.caught_up
     await svc.on_node(node("n3", "WARN"), delivery(3, pending=0))
+    assert bus.sent == [] and not svc.caught_up
+    await svc.finish_replay()  # what the bus calls once the replay has caught up
     assert svc.caught_up
     assert len(bus.sent) == 1
     v = bus.verdict()
@@ -224,6 +222,7 @@ async def test_after_the_replay_only_changes_publish_and_heartbeats_do_not() -> 
     bus = FakeBus()
     svc = service(bus)
     await svc.on_node(node("n1"), delivery(1))
+    await svc.finish_replay()
     assert bus.verdict().no_execute == ()
     await svc.on_node(node("n1"), delivery(2))  # heartbeat: nothing moved
     assert len(bus.sent) == 1
@@ -239,6 +238,7 @@ async def test_a_set_that_returns_to_an_earlier_value_gets_a_new_id() -> None:
     bus = FakeBus()
     svc = service(bus)
     await svc.on_node(node("n1", "EVICT"), delivery(1))
+    await svc.finish_replay()
     await svc.on_node(node("n1", "PASS"), delivery(2))
     await svc.on_node(node("n1", "EVICT"), delivery(3))
     ids = [msg_id for _, _, msg_id in bus.sent]
@@ -250,6 +250,7 @@ async def test_a_failed_publish_keeps_the_old_state_so_the_redelivery_publishes_
     bus = FakeBus()
     svc = service(bus)
     await svc.on_node(node("n0"), delivery(1))
+    await svc.finish_replay()
     bus.failing = True
     with pytest.raises(TransientError):
         await svc.on_node(node("n1", "EVICT"), delivery(2))
@@ -260,14 +261,15 @@ async def test_a_failed_publish_keeps_the_old_state_so_the_redelivery_publishes_
     assert bus.sent[-1][2].startswith(f"nodeverdict:{GPU}:obs-2:")
 
 
-async def test_a_failed_publish_at_the_end_of_the_replay_is_retried_on_redelivery() -> None:
+async def test_a_failed_publish_at_the_end_of_the_replay_is_retried() -> None:
     bus = FakeBus(failing=True)
     svc = service(bus)
+    await svc.on_node(node("n1", "EVICT"), delivery(1))
     with pytest.raises(TransientError):
-        await svc.on_node(node("n1", "EVICT"), delivery(1))
+        await svc.finish_replay()
     assert not svc.caught_up
     bus.failing = False
-    await svc.on_node(node("n1", "EVICT"), delivery(1))
+    await svc.finish_replay()  # the bus retries it until it succeeds
     assert svc.caught_up and bus.verdict().no_execute == ("n1",)
 
 
@@ -276,18 +278,21 @@ async def test_a_restart_publishes_only_what_differs_from_the_stored_verdicts() 
     first = service(bus)
     await first.on_node(node("n1", "EVICT"), delivery(1, pending=1))
     await first.on_node(node("n2", "ERR"), delivery(2))
+    await first.finish_replay()
     sent = len(bus.sent)
 
     # Same world: the restarted replica finds the stored sets right and publishes nothing.
     again = service(bus)
     await again.on_node(node("n1", "EVICT"), delivery(1, pending=1))
     await again.on_node(node("n2", "ERR"), delivery(2))
+    await again.finish_replay()
     assert again.caught_up and len(bus.sent) == sent
 
     # n1 recovered and n2 went to NoExecute while no autopilot ran: both show at start-up.
     later = service(bus)
     await later.on_node(node("n1", "PASS"), delivery(3, pending=1))
     await later.on_node(node("n2", "EVICT"), delivery(4))
+    await later.finish_replay()
     assert len(bus.sent) == sent + 1
     v = bus.verdict()
     assert (v.no_execute, v.no_schedule) == (("n2",), ())
@@ -300,11 +305,13 @@ async def test_a_resource_no_longer_configured_is_cleared_at_start_up() -> None:
     await first.on_node(
         NodeObservation(name="n1", observed_at=NOW, labels={"rdma-health": "BAD"}), delivery(1)
     )
+    await first.finish_replay()
     assert bus.verdict(RDMA).no_execute == ("n1",)
     second = service(bus, TAINTS)
     await second.on_node(
         NodeObservation(name="n1", observed_at=NOW, labels={"rdma-health": "BAD"}), delivery(1)
     )
+    await second.finish_replay()
     assert bus.verdict(RDMA).no_execute == ()
 
 
@@ -312,6 +319,8 @@ async def test_monitor_off_clears_stored_sets_without_reading_nodes() -> None:
     bus = FakeBus()
     first = service(bus)
     await first.on_node(node("n1", "EVICT"), delivery(1))
+    await first.finish_replay()
+    assert bus.verdict().no_execute == ("n1",)
     config = OperatorConfig(autopilot=AutopilotConfig(resource_taints=TAINTS, monitor_nodes=False))
     off = AutopilotService(Runtime(name="autopilot", config=config, bus=bus, kube=None, probes=None))  # type: ignore[arg-type]
     await off.finish_replay()

@@ -126,7 +126,7 @@ def test_services_read_only_the_streams_they_consume() -> None:
         "watcher": set(),
         "health": {subjects.OBSERVATIONS_STREAM, subjects.NODE_VERDICTS_STREAM, subjects.VERDICTS_STREAM},
         "lifecycle": {subjects.OBSERVATIONS_STREAM, subjects.VERDICTS_STREAM},
-        "autopilot": {subjects.OBSERVATIONS_STREAM},
+        "autopilot": {subjects.OBSERVATIONS_STREAM, subjects.NODE_VERDICTS_STREAM},
     }
     for service, expected in reads.items():
         perms = natsauth.service_permissions(service)

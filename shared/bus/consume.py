@@ -1,0 +1,560 @@
+"""Durable pull consumers: the supervised loop behind :meth:`shared.bus.Bus.consume` and
+:meth:`shared.bus.Bus.replay`.
+
+A message is acked only after its handler returned, nak'ed (with a delay) when the handler
+asks to be retried or fails, and what can never be processed is moved to
+``respawn.deadletter.<service>`` instead of crashing or looping (docs/messages.md, "Delivery
+and acknowledgement", "Dead letters"). The loop re-binds after every reconnect, because a pull
+subscription does not reliably resume on its own after a server restart (nats-io/nats.py#504),
+and re-creates its consumer when binding or fetching fails, so a consumer deleted under it (or
+lost with the server's store) comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Protocol
+
+import nats.errors
+import nats.js.errors
+from nats.js import api
+from opentelemetry.context import Context
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
+
+from shared import metrics, subjects
+from shared.bus.backoff import backoff, error_delay
+from shared.bus.deadletter import (
+    DL_INVALID,
+    DL_MAX_DELIVERIES,
+    DL_UNSUPPORTED_VERSION,
+    dead_letter_headers,
+)
+from shared.bus.delivery import Delivery, Handler, M
+from shared.bus.errors import BusError, TransientError
+from shared.bus.headers import MSG_ID_HEADER, TRACEPARENT_HEADER
+from shared.messages import InvalidMessage, UnsupportedSchemaVersion, decode
+from shared.telemetry import extract_context
+
+if TYPE_CHECKING:
+    from shared.bus.bus import Bus
+
+log = logging.getLogger(__name__)
+
+# Re-exported so that services choose where a consumer starts without importing nats themselves.
+DeliverPolicy = api.DeliverPolicy
+
+# How long a busy consumer's batch fetch may wait for more messages (seconds).
+BUSY_FETCH_TIMEOUT = 0.05
+
+
+class Outcome(enum.Enum):
+    """How a delivered message was settled."""
+
+    DONE = "done"  # handled and acked, or given up on (dead-lettered or dropped) and terminated
+    RETRY = "retry"  # nak'ed: it will be delivered again
+
+
+class LoopObserver(Protocol):
+    """Told what a consumer loop does, from the loop's own task: so between two handler calls.
+
+    The methods must not raise; :class:`shared.bus.replay.Replay` is the one implementation.
+    """
+
+    async def bound(self, consumer: Consumer[Any]) -> None:
+        """The loop (re)bound to its consumer and is about to fetch."""
+
+    async def settled(
+        self, consumer: Consumer[Any], stream_seq: int, num_pending: int, outcome: Outcome
+    ) -> None:
+        """A delivery was settled; ``num_pending`` is what the server had pending when it delivered."""
+
+    async def idle(self, consumer: Consumer[Any]) -> None:
+        """A fetch returned nothing."""
+
+
+def consumer_config(
+    durable: str,
+    filters: Sequence[str],
+    *,
+    deliver_policy: api.DeliverPolicy,
+    ack_wait: float,
+    max_deliver: int,
+    max_ack_pending: int,
+    inactive_threshold: float | None,
+) -> api.ConsumerConfig:
+    """A durable pull consumer with explicit acks on ``filters``."""
+    if not filters:
+        raise ValueError("a consumer needs at least one filter subject")
+    return api.ConsumerConfig(
+        name=durable,
+        durable_name=durable,
+        deliver_policy=deliver_policy,
+        ack_policy=api.AckPolicy.EXPLICIT,
+        ack_wait=ack_wait,
+        max_deliver=max_deliver,
+        max_ack_pending=max_ack_pending,
+        filter_subject=filters[0] if len(filters) == 1 else None,
+        filter_subjects=list(filters) if len(filters) > 1 else None,
+        # Per-instance consumers (a replica that replays a stream into memory) are removed
+        # by the server once their instance is gone for this long.
+        inactive_threshold=inactive_threshold,
+    )
+
+
+async def ensure_consumer(js: Any, stream: str, config: api.ConsumerConfig) -> None:
+    """Create the durable consumer or update it in place; a refused update is logged."""
+    try:
+        await js.add_consumer(stream, config=config)
+    except nats.js.errors.APIError as exc:
+        try:
+            await js.consumer_info(stream, config.durable_name)
+        except nats.js.errors.NotFoundError:
+            raise BusError(
+                f"cannot create consumer {config.durable_name} on {stream}: {exc.description or exc}"
+            ) from exc
+        log.error(
+            "consumer %s on %s exists with a configuration NATS will not change (%s); using it as it is",
+            config.durable_name,
+            stream,
+            exc.description or exc,
+        )
+
+
+async def delete_consumer(js: Any, stream: str, durable: str) -> None:
+    """Delete the consumer; one that is already gone is fine."""
+    with contextlib.suppress(nats.js.errors.NotFoundError):
+        await js.delete_consumer(stream, durable)
+
+
+def _position(msg: Any) -> tuple[int, int] | None:
+    """(stream sequence, pending) of a JetStream message, None for anything else."""
+    try:
+        md = msg.metadata
+        return int(md.sequence.stream), int(md.num_pending or 0)
+    except Exception:
+        return None
+
+
+class Consumer(Generic[M]):
+    """A running pull loop over one durable consumer (see :meth:`shared.bus.Bus.consume`)."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        stream: str,
+        durable: str,
+        filter_subjects: tuple[str, ...],
+        message_cls: type[M],
+        handler: Handler[M],
+        batch: int,
+        fetch_timeout: float,
+        max_deliver: int,
+        consumer_config: api.ConsumerConfig,
+        concurrency: int = 1,
+        observer: LoopObserver | None = None,
+        dead_letters: bool = True,
+        spans: bool = True,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if observer is not None and concurrency > 1:
+            # The observer reasons about stream order, which only one message at a time keeps.
+            raise ValueError("an observed consumer handles one message at a time")
+        self._bus = bus
+        self.stream = stream
+        self.durable = durable
+        self.filter_subjects = filter_subjects
+        self._cls = message_cls
+        self._handler = handler
+        self._batch = batch
+        self._fetch_timeout = fetch_timeout
+        self._max_deliver = max_deliver
+        self._config = consumer_config
+        self._concurrency = concurrency
+        self._observer = observer
+        self._dead_letters = dead_letters
+        self._spans = spans
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._idle = True
+        self._psub: Any = None
+        self._generation = -1
+        self._stopping = False
+        self._busy = False
+        self._bound = False
+        self._task: asyncio.Task[None] | None = None
+        labels = {"service": bus.service, "stream": stream}
+        self._m_consumed = metrics.BUS_MESSAGES_CONSUMED.labels(**labels)
+        self._m_acked = metrics.BUS_MESSAGES_ACKED.labels(**labels)
+        self._m_errors = metrics.BUS_HANDLER_ERRORS.labels(**labels)
+        self._m_seconds = metrics.BUS_HANDLER_SECONDS.labels(**labels)
+        self._labels = labels
+        self._span_name = f"process {message_cls.KIND}"
+
+    # -------------------------------------------------------------- control
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"bus-consume-{self.stream}-{self.durable}")
+
+    @property
+    def running(self) -> bool:
+        """Bound to the server and looping (for readiness)."""
+        return self._task is not None and not self._task.done() and self._bound and not self._stopping
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self._task
+
+    async def pending(self) -> tuple[int, int]:
+        """What the server holds for this consumer: (not yet delivered, delivered but not acked)."""
+        info = await self._bus.js.consumer_info(self.stream, self.durable)
+        return int(info.num_pending or 0), int(info.num_ack_pending or 0)
+
+    async def stop(self, *, grace: float = 10.0) -> None:
+        """Stop after the message being handled (if any, waiting up to ``grace`` seconds);
+        fetched messages not yet handled are nak'ed so another replica gets them at once."""
+        self._stopping = True
+        self._bus._forget(self)
+        task = self._task
+        if task is None or task.done():
+            return
+        if not self._busy:
+            task.cancel()  # idle in fetch or in a retry wait: nothing to lose
+        _, pending = await asyncio.wait({task}, timeout=grace)
+        if pending:
+            log.warning(
+                "consumer %s/%s: handler still busy after %.0fs; cancelling it",
+                self.stream,
+                self.durable,
+                grace,
+            )
+            task.cancel()
+            await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is not None:
+            log.error("consumer %s/%s ended with %r", self.stream, self.durable, task.exception())
+
+    # -------------------------------------------------------------- loop
+
+    async def _run(self) -> None:
+        if self._concurrency > 1:
+            await self._run_keyed()
+            return
+        try:
+            while not self._stopping:
+                msgs = await self._next_batch()
+                self._busy = True
+                try:
+                    for index, msg in enumerate(msgs):
+                        if self._stopping:
+                            # Hand the rest back at once instead of letting their ack wait run out.
+                            for rest in msgs[index:]:
+                                await self._settle(rest.nak(), "nak")
+                            break
+                        outcome = await self._process_guarded(msg)
+                        position = _position(msg)
+                        if self._observer is not None and outcome is not None and position is not None:
+                            await self._observer.settled(self, *position, outcome)
+                finally:
+                    self._busy = False
+        finally:
+            await self._unbind()
+
+    async def _process_guarded(self, msg: Any) -> Outcome | None:
+        try:
+            return await self._process(msg)
+        except Exception:  # a bug here must not end the loop
+            log.exception(
+                "consumer %s/%s: processing %s failed; it will be redelivered",
+                self.stream,
+                self.durable,
+                msg.subject,
+            )
+            await self._settle(msg.nak(delay=1.0), "nak")
+            return Outcome.RETRY
+
+    async def _unbind(self) -> None:
+        self._bound = False
+        psub, self._psub = self._psub, None
+        if psub is not None:
+            with contextlib.suppress(Exception):
+                await psub.unsubscribe()
+
+    async def _run_keyed(self) -> None:
+        """Handle messages of different subjects concurrently, those of one subject in order.
+
+        A subject names one object (e.g. one AppWrapper's verdicts), so a slow handler for one
+        object no longer delays every other object's messages, while each object still sees its
+        own messages one after another. At most ``concurrency`` messages are in flight; the next
+        fetch asks only for as many as there are free slots.
+        """
+        slots = asyncio.Semaphore(self._concurrency)
+        tails: dict[str, asyncio.Task[None]] = {}
+
+        async def chain(previous: asyncio.Task[None] | None, msg: Any) -> None:
+            try:
+                if previous is not None:
+                    await asyncio.wait({previous})
+                if self._stopping:
+                    # Hand it back at once instead of letting its ack wait run out.
+                    await self._settle(msg.nak(), "nak")
+                    return
+                await self._process_guarded(msg)
+            finally:
+                slots.release()
+
+        def done(task: asyncio.Task[None], *, subject: str) -> None:
+            self._inflight.discard(task)
+            if tails.get(subject) is task:
+                del tails[subject]
+            self._busy = bool(self._inflight)
+
+        try:
+            while not self._stopping:
+                await slots.acquire()  # at least one free slot before fetching
+                slots.release()
+                free = self._concurrency - len(self._inflight)
+                msgs = await self._next_batch(max(1, min(self._batch, free)))
+                for msg in msgs:
+                    await slots.acquire()
+                    task = asyncio.create_task(chain(tails.get(msg.subject), msg))
+                    tails[msg.subject] = task
+                    self._inflight.add(task)
+                    self._busy = True
+                    task.add_done_callback(functools.partial(done, subject=msg.subject))
+        finally:
+            if self._inflight:
+                # Let handlers that already started finish (stop() bounds how long).
+                await asyncio.wait(set(self._inflight))
+            await self._unbind()
+
+    async def _next_batch(self, size: int | None = None) -> list[Any]:
+        """One fetch of up to ``size`` messages (default: the batch size), (re)binding first
+        when needed; errors back off and retry forever."""
+        size = size or self._batch
+
+        def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning(
+                "consumer %s/%s: %s: %s; retrying in %.1fs",
+                self.stream,
+                self.durable,
+                type(exc).__name__,
+                exc,
+                state.upcoming_sleep,
+            )
+
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(Exception),
+            wait=backoff(0.1, 5.0),
+            before_sleep=before_sleep,
+        ):
+            with attempt:
+                if self._psub is None or self._generation != self._bus.reconnects:
+                    await self._bind()
+                    if self._observer is not None:
+                        await self._observer.bound(self)
+                try:
+                    if self._idle:
+                        # nats-py's fetch(n > 1) holds on to a lingering pull until n messages or
+                        # the timeout, so one message arriving on an idle consumer would wait up
+                        # to fetch_timeout. Waiting for exactly one returns the moment it arrives.
+                        msgs = list(await self._psub.fetch(1, timeout=self._fetch_timeout))
+                    else:
+                        # Busy: take what is there now (the no-wait probe returns at once), and
+                        # linger only briefly when the backlog has just run dry.
+                        msgs = list(await self._psub.fetch(size, timeout=BUSY_FETCH_TIMEOUT))
+                except TimeoutError:  # nothing to do: the normal idle case
+                    msgs = []
+                except Exception:
+                    # A deleted consumer answers "no responders" here: bind (and so create) again.
+                    self._bound = False
+                    self._psub = None
+                    raise
+                self._idle = not msgs
+                if not msgs and self._observer is not None:
+                    await self._observer.idle(self)
+                return msgs
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _bind(self) -> None:
+        self._bound = False
+        old, self._psub = self._psub, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.unsubscribe()
+        generation = self._bus.reconnects
+        # Create-or-update every time: after a restart with a lost store the durable is gone.
+        await self._bus.ensure_consumer(self.stream, self._config)
+        self._psub = await self._bus.js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
+        self._generation = generation
+        self._bound = True
+
+    # -------------------------------------------------------------- one message
+
+    async def _process(self, msg: Any) -> Outcome | None:
+        self._m_consumed.inc()
+        try:
+            md = msg.metadata
+        except Exception:  # not a JetStream message; nothing to ack
+            log.error(
+                "consumer %s/%s got a non-JetStream message on %s", self.stream, self.durable, msg.subject
+            )
+            return None
+        headers: Mapping[str, str] = msg.headers or {}
+        try:
+            message = decode(self._cls, msg.data)
+        except InvalidMessage as exc:
+            reason = DL_UNSUPPORTED_VERSION if isinstance(exc, UnsupportedSchemaVersion) else DL_INVALID
+            return await self._give_up(msg, md, reason, str(exc))
+        # Extracting and starting a span costs about as much as decoding; skip both when
+        # nothing records spans and no trace came with the message (propagation needs neither).
+        traced = self._spans and (TRACEPARENT_HEADER in headers or self._bus.tracing)
+        ctx = extract_context(headers) if traced else Context()
+        delivery = Delivery(
+            subject=msg.subject,
+            headers=headers,
+            stream=md.stream,
+            consumer=md.consumer,
+            stream_seq=int(md.sequence.stream),
+            num_delivered=int(md.num_delivered),
+            num_pending=int(md.num_pending or 0),
+            msg_id=headers.get(MSG_ID_HEADER, ""),
+            trace_context=ctx,
+            _msg=msg,
+        )
+        if not traced:
+            return await self._handle(msg, md, message, delivery, INVALID_SPAN)
+        attributes = {
+            "messaging.system": "nats",
+            "messaging.operation.type": "process",
+            "messaging.destination.name": msg.subject,
+            "messaging.consumer.group.name": self.durable,
+            "messaging.message.id": delivery.msg_id,
+            "nats.jetstream.stream": md.stream,
+            "nats.jetstream.delivery_count": delivery.num_delivered,
+        }
+        with self._bus.tracer.start_as_current_span(
+            self._span_name,
+            context=ctx,
+            kind=SpanKind.CONSUMER,
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            return await self._handle(msg, md, message, delivery, span)
+
+    async def _handle(self, msg: Any, md: Any, message: M, delivery: Delivery, span: Span) -> Outcome:
+        """Run the handler and settle the message by its outcome (ack, nak or give up)."""
+        exhausted = self._max_deliver > 0 and delivery.num_delivered >= self._max_deliver
+        started = time.perf_counter()
+        try:
+            await self._handler(message, delivery)
+        except TransientError as exc:
+            self._m_seconds.observe(time.perf_counter() - started)
+            span.set_attribute("respawn.retry_delay_s", exc.delay)
+            if exhausted:
+                return await self._give_up(msg, md, DL_MAX_DELIVERIES, f"transient: {exc}")
+            log.info("%s seq %d: retry in %.1fs: %s", msg.subject, delivery.stream_seq, exc.delay, exc)
+            await self._nak(msg, exc.delay, "transient")
+            return Outcome.RETRY
+        except Exception as exc:
+            self._m_seconds.observe(time.perf_counter() - started)
+            self._m_errors.inc()
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            log.exception(
+                "handler failed for %s seq %d (delivery %d)",
+                msg.subject,
+                delivery.stream_seq,
+                delivery.num_delivered,
+            )
+            if exhausted:
+                return await self._give_up(msg, md, DL_MAX_DELIVERIES, f"{type(exc).__name__}: {exc}")
+            await self._nak(msg, error_delay(delivery.num_delivered), "error")
+            return Outcome.RETRY
+        self._m_seconds.observe(time.perf_counter() - started)
+        if await self._settle(msg.ack(), "ack"):
+            self._m_acked.inc()
+        # Handled even if the ack was lost: the handler's work is done, a redelivery repeats it.
+        return Outcome.DONE
+
+    async def _nak(self, msg: Any, delay: float, reason: str) -> None:
+        if await self._settle(msg.nak(delay=delay if delay > 0 else None), "nak"):
+            metrics.BUS_MESSAGES_NAKED.labels(**self._labels, reason=reason).inc()
+
+    async def _settle(self, op: Awaitable[None], what: str) -> bool:
+        """Run ack/nak/term; a failure only means JetStream will redeliver, so log and go on."""
+        try:
+            await op
+        except nats.errors.MsgAlreadyAckdError:
+            return False
+        except Exception as exc:
+            log.warning("consumer %s/%s: %s failed (%s: %s); the message will be redelivered",
+                        self.stream, self.durable, what, type(exc).__name__, exc)  # fmt: skip
+            return False
+        return True
+
+    async def _give_up(self, msg: Any, md: Any, reason: str, error: str) -> Outcome:
+        """Stop delivering a message that can never be processed: dead-letter it, or (for a
+        consumer that only reads stored state, see :meth:`shared.bus.Bus.replay`) drop it."""
+        if self._dead_letters:
+            return await self._dead_letter(msg, md, reason, error)
+        log.warning(
+            "consumer %s/%s: skipping %s seq %d (%s): %s",
+            self.stream,
+            self.durable,
+            msg.subject,
+            md.sequence.stream,
+            reason,
+            error,
+        )
+        if await self._settle(msg.term(), "term"):
+            metrics.BUS_MESSAGES_TERMINATED.labels(**self._labels, reason=reason).inc()
+        return Outcome.DONE
+
+    async def _dead_letter(self, msg: Any, md: Any, reason: str, error: str) -> Outcome:
+        """Copy the raw message to the dead-letter subject, then terminate it.
+
+        The copy is published first: if that fails the message is nak'ed, not lost.
+        """
+        log.error(
+            "consumer %s/%s: dead-lettering %s seq %d (%s): %s",
+            self.stream,
+            self.durable,
+            msg.subject,
+            md.sequence.stream,
+            reason,
+            error,
+        )
+        headers = dead_letter_headers(
+            msg.headers or {},
+            service=self._bus.service,
+            reason=reason,
+            error=error,
+            subject=msg.subject,
+            stream=md.stream,
+            sequence=int(md.sequence.stream),
+            consumer=md.consumer,
+            deliveries=int(md.num_delivered),
+        )
+        try:
+            await self._bus.js.publish(
+                subjects.dead_letter(self._bus.service), bytes(msg.data), headers=headers, timeout=5.0
+            )
+        except Exception as exc:
+            log.error(
+                "dead-lettering %s seq %s failed (%s); will retry", msg.subject, md.sequence.stream, exc
+            )
+            await self._nak(msg, error_delay(int(md.num_delivered)), "dead-letter-failed")
+            return Outcome.RETRY
+        metrics.BUS_DEAD_LETTERED.labels(**self._labels, reason=reason).inc()
+        if await self._settle(msg.term(), "term"):
+            metrics.BUS_MESSAGES_TERMINATED.labels(**self._labels, reason=reason).inc()
+        return Outcome.DONE
