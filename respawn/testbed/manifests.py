@@ -1,8 +1,8 @@
 """Manifests of the objects Respawn runs, for the demo, the benchmarks and the tests: one factory.
 
 Every builder returns a fresh, JSON-ready dict holding what it is asked for and what the API
-server requires, nothing more, so a test that looks at a field sees exactly what it set. They
-compose::
+server requires, nothing more (an optional field left as None is not written), so a test that
+looks at a field sees exactly what it set. They compose::
 
     appwrapper("train", component(job("train-job", pods=2, template=pod_template(gpus=1))))
 
@@ -36,13 +36,13 @@ GPU = "nvidia.com/gpu"
 IMAGE = "busybox"
 
 
+def _fields(**fields: Any) -> dict[str, Any]:
+    # What is not given (None) is left out; what is given is written, even if empty.
+    return {k: dict(v) if isinstance(v, Mapping) else v for k, v in fields.items() if v is not None}
+
+
 def _metadata(name: str, **fields: Any) -> dict[str, Any]:
-    # Unset (None) and empty fields are left out, as the API server leaves them out.
-    metadata: dict[str, Any] = {"name": name}
-    for key, value in fields.items():
-        if value:
-            metadata[key] = dict(value) if isinstance(value, Mapping) else value
-    return metadata
+    return {"name": name, **_fields(**fields)}
 
 
 def pod_template(
@@ -69,9 +69,7 @@ def pod_template(
         spec["restartPolicy"] = restart_policy
     if init_container:
         spec["initContainers"] = [{"name": "setup", "image": image}]
-    metadata = {
-        key: dict(value) for key, value in (("labels", labels), ("annotations", annotations)) if value
-    }
+    metadata = _fields(labels=labels, annotations=annotations)
     return {"metadata": metadata, "spec": spec} if metadata else {"spec": spec}
 
 
@@ -169,9 +167,7 @@ def appwrapper(
     """An AppWrapper of ``components`` (see :func:`component`); further ``spec`` fields by their
     JSON names, e.g. ``managedBy=...``. ``suspend`` left unset is the API server's default (false).
     """
-    body: dict[str, Any] = {} if suspend is None else {"suspend": suspend}
-    body["components"] = list(components)
-    body.update(spec)
+    body = _fields(suspend=suspend, components=list(components), **spec)
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,

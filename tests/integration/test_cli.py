@@ -14,31 +14,23 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 
-from respawn.testbed import sim
-from respawn.testbed.cluster import kubectl
+from respawn.testbed import manifests, sim
 from respawn.testbed.modes import Endpoints
 from respawn.testbed.ports import free_port
-from shared.appwrapper.params import (
-    FAILURE_GRACE_PERIOD_ANNOTATION,
-    RETRY_LIMIT_ANNOTATION,
-    RETRY_PAUSE_PERIOD_ANNOTATION,
-)
+from shared.appwrapper.model import read_appwrapper
+from shared.appwrapper.params import RETRY_LIMIT_ANNOTATION
 from tests.integration.conftest import ServiceFactory
-from tests.waiting import until_sync
+from tests.integration.objects import FAST_RESET, apply, running_pods, wait_phase
+from tests.waiting import until
 
 pytestmark = pytest.mark.testbed
 
 REPO = Path(__file__).resolve().parents[2]
-T = TypeVar("T")
-
-
-def until(what: str, check: Callable[[], T], *, within: float = 60, every: float = 0.25) -> T:
-    return until_sync(what, check, within=within, every=every)
 
 
 def cli_env(testbed: Endpoints, **overrides: str | None) -> dict[str, str]:
@@ -77,58 +69,13 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def get_appwrapper(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any]:
-    body: dict[str, Any] = sim.get_json(kubeconfig, "appwrapper", name, "-n", namespace)
-    return body
-
-
 def failing_once(name: str) -> dict[str, Any]:
     """An AppWrapper around one Job; its pod succeeds after 3s unless the test fails it first."""
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": {
-            "name": name,
-            "annotations": {
-                FAILURE_GRACE_PERIOD_ANNOTATION: "0s",
-                RETRY_PAUSE_PERIOD_ANNOTATION: "1s",
-                RETRY_LIMIT_ANNOTATION: "2",
-            },
-        },
-        "spec": {
-            "components": [
-                {
-                    "template": {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "metadata": {"name": f"{name}-job"},
-                        "spec": {
-                            "backoffLimit": 0,
-                            "template": {
-                                "metadata": {"annotations": {sim.SUCCEED_AFTER: "3s"}},
-                                "spec": {
-                                    "restartPolicy": "Never",
-                                    "containers": [{"name": "main", "image": "busybox"}],
-                                },
-                            },
-                        },
-                    }
-                }
-            ]
-        },
-    }
-
-
-def running_pod(kubeconfig: Path, namespace: str, appwrapper: str) -> dict[str, Any] | None:
-    pods = sim.get_json(
-        kubeconfig, "pods", "-n", namespace, "-l", f"workload.codeflare.dev/appwrapper={appwrapper}"
-    )["items"]
-    running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
-    return running[0] if running else None
-
-
-def phase_of(kubeconfig: Path, namespace: str, name: str) -> str:
-    return str((get_appwrapper(kubeconfig, namespace, name).get("status") or {}).get("phase") or "")
+    return manifests.job_appwrapper(
+        name,
+        pod_annotations={sim.SUCCEED_AFTER: "3s"},
+        annotations={**FAST_RESET, RETRY_LIMIT_ANNOTATION: "2"},
+    )
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:
@@ -164,7 +111,7 @@ def follower(testbed: Endpoints, tmp_path: Path) -> Iterator[Callable[..., Path]
             proc.wait()
 
 
-def test_status_tail_and_explain_tell_the_story_of_a_pod_that_failed_once(
+async def test_status_tail_and_explain_tell_the_story_of_a_pod_that_failed_once(
     testbed: Endpoints,
     appwrapper_crd: Path,
     namespace: str,
@@ -180,13 +127,13 @@ def test_status_tail_and_explain_tell_the_story_of_a_pod_that_failed_once(
     # A follower started before anything happens sees the verdicts as they are published.
     followed = follower("verdicts", "--namespace", namespace, "--json")
 
-    kubectl(kc, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(failing_once("once")))
-    until("the AppWrapper to run", lambda: phase_of(kc, namespace, "once") == "Running")
-    pod = until("a running pod", lambda: running_pod(kc, namespace, "once"))
+    apply(kc, namespace, failing_once("once"))
+    await wait_phase(kc, namespace, "once", "Running", within=60)
+    pod = (await until("a running pod", lambda: running_pods(kc, namespace, "once"), within=60))[0]
     pod_name, node = pod["metadata"]["name"], pod["spec"]["nodeName"]
     sim.fail_pod(kc, namespace, pod_name, exit_code=3)
-    until("the AppWrapper to succeed after one reset", lambda: phase_of(kc, namespace, "once") == "Succeeded")
-    assert get_appwrapper(kc, namespace, "once")["status"]["resettingCount"] == 1
+    done = await wait_phase(kc, namespace, "once", "Succeeded", within=60)
+    assert read_appwrapper(done).resetting_count == 1
 
     # ---- status
     doc = json.loads(ok(respawn(env, "status", "-n", namespace, "-o", "json")))
@@ -233,9 +180,10 @@ def test_status_tail_and_explain_tell_the_story_of_a_pod_that_failed_once(
     assert any("PhaseChanged Resuming->Running" in line and "attempt=1" in line for line in lines)
     assert any("PhaseChanged Running->Succeeded" in line for line in lines)
     # The follower printed the same verdicts while they happened.
-    until(
+    await until(
         "the following tail to print every verdict",
-        lambda: [r["seq"] for r in json_lines(followed.read_text())] == seqs,
+        lambda: [r["seq"] for r in json_lines(followed.read_text())],
+        done=lambda printed: printed == seqs,
         within=20,
     )
 
@@ -269,7 +217,7 @@ def test_status_tail_and_explain_tell_the_story_of_a_pod_that_failed_once(
     assert trace_ids and set(incident["traceIds"]) <= set(trace_ids)
     tail_of_text = text.split("\nTraces\n", 1)[1].splitlines()
     assert [line.split()[0] for line in tail_of_text] == trace_ids
-    exported = until(
+    exported = await until(
         "the services to export the incident's spans",
         lambda: all(
             any(f"0x{tid}" in path.read_text() for path in traces.values() if path.exists())

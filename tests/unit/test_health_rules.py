@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from respawn.testbed import manifests
 from services.health.rules import REASON_APPWRAPPER_DELETED, Decision, evaluate, verdict_msg_id
 from services.health.state import AppWrapperHealth, Observation, affected_by, apply, remember_published
 from shared.appwrapper.constants import CONTROLLER_NAME
@@ -55,22 +56,18 @@ def aw_body(
     managed_by: str | None = None,
     uid: str = UID,
 ) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": AW, "namespace": NS, "uid": uid, "annotations": annotations or {}}
+    body = manifests.appwrapper(
+        AW, namespace=NS, annotations=annotations or {}, suspend=suspend, managedBy=managed_by
+    )
+    body["metadata"]["uid"] = uid
     if deletion_timestamp is not None:
-        metadata["deletionTimestamp"] = format_kube_time(deletion_timestamp)
-    spec: dict[str, Any] = {"suspend": suspend, "components": []}
-    if managed_by is not None:
-        spec["managedBy"] = managed_by
+        body["metadata"]["deletionTimestamp"] = format_kube_time(deletion_timestamp)
     conditions = []
     if deployed_at is not None:
         conditions.append(
-            {
-                "type": "ResourcesDeployed",
-                "status": "True",
-                "lastTransitionTime": format_kube_time(deployed_at),
-                "reason": "Resuming",
-                "message": "Suspend is false",
-            }
+            manifests.condition(
+                "ResourcesDeployed", reason="Resuming", message="Suspend is false", at=deployed_at
+            )
         )
     component_status = [
         {
@@ -82,18 +79,13 @@ def aw_body(
         }
         for i, (kind, name) in enumerate(components)
     ]
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": metadata,
-        "spec": spec,
-        "status": {
-            "phase": phase,
-            "resettingCount": resetting_count,
-            "conditions": conditions,
-            "componentStatus": component_status,
-        },
+    body["status"] = {
+        "phase": phase,
+        "resettingCount": resetting_count,
+        "conditions": conditions,
+        "componentStatus": component_status,
     }
+    return body
 
 
 def aw_obs(*, observed_at: datetime = T0, deleted: bool = False, **body: Any) -> AppWrapperObservation:
