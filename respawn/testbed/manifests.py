@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from shared.appwrapper import params
 from shared.appwrapper.constants import API_VERSION, KIND
 from shared.kubetime import format_kube_time
 
@@ -25,6 +26,7 @@ __all__ = [
     "component",
     "condition",
     "deployment",
+    "fault_tolerance",
     "job",
     "job_appwrapper",
     "pod",
@@ -202,6 +204,30 @@ def job_appwrapper(
         annotations=annotations,
         suspend=suspend,
     )
+
+
+def fault_tolerance(
+    *,
+    admission_grace: str | None = None,
+    warmup_grace: str | None = None,
+    failure_grace: str | None = None,
+    retry_pause: str | None = None,
+    retry_limit: int | None = None,
+    forceful_deletion_grace: str | None = None,
+    terminal_exit_codes: str | None = None,
+) -> dict[str, str]:
+    """The AppWrapper annotations (upstream's) that set the fault-tolerance parameters given;
+    durations as Go writes them ("90s", "5m")."""
+    given = {
+        params.ADMISSION_GRACE_PERIOD_ANNOTATION: admission_grace,
+        params.WARMUP_GRACE_PERIOD_ANNOTATION: warmup_grace,
+        params.FAILURE_GRACE_PERIOD_ANNOTATION: failure_grace,
+        params.RETRY_PAUSE_PERIOD_ANNOTATION: retry_pause,
+        params.RETRY_LIMIT_ANNOTATION: None if retry_limit is None else str(retry_limit),
+        params.FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION: forceful_deletion_grace,
+        params.TERMINAL_EXIT_CODES_ANNOTATION: terminal_exit_codes,
+    }
+    return {key: value for key, value in given.items() if value is not None}
 
 
 def condition(

@@ -1,21 +1,20 @@
-"""The Python view of an AppWrapper (workload.codeflare.dev/v1beta2): strict models of the parts
-that are validated, and one defensive reader of the whole object.
+"""The Python view of an AppWrapper (workload.codeflare.dev/v1beta2): one defensive reader of
+the whole object, and strict models of the parts that are validated.
 
-There is no typed model of the whole object (metadata, status, conditions), on purpose. The
-services read AppWrappers that the API server has already checked against the CRD (and the
-webhook), and must keep judging them when one field is odd anyway: a model of the whole object
-would reject it for that one field. So they read field by field, and a problem that matters
-becomes a warning, never an exception. That reading is done once, here: :func:`read_appwrapper`
-never raises; a missing or mistyped field reads as empty. (A whole-object model, used by tests
-only, stood beside three such hand-written readers before; the readers won, being what the
-services need. The lifecycle writes status back as the dict it read, which keeps fields it does
-not know.)
+Why no typed model of the whole object (metadata, status, conditions): the services read
+AppWrappers the API server has already checked against the CRD, and must go on judging one
+whose field is odd anyway; a whole-object model would reject it for that one field. So they read
+field by field, and a problem that matters becomes a warning, never an exception. That reading
+is done here, once, by :func:`read_appwrapper`, which never raises (a missing or mistyped field
+reads as empty). A whole-object pydantic model stood here before beside three hand-written
+readers like it in the services; it was used by tests only, so it went and the readers became
+this one. The lifecycle writes status back as the dict it read, keeping fields it does not know.
 
 What is validated strictly is what admission and pod-set inference must reject with a message:
-the components (:class:`AppWrapperComponent` with its pod sets and podSetInfos), used by the
-webhook and by ``podsets``. :func:`parse_appwrapper` applies the same check to a whole manifest
-(kind, apiVersion, every component) for code that builds manifests rather than receives them
-(the tests and the benchmark check theirs with it); no service calls it.
+the components (:class:`AppWrapperComponent`, its pod sets and podSetInfos), for the webhook and
+``podsets``. :func:`parse_appwrapper` applies that check to a whole manifest (kind, apiVersion,
+every component) where manifests are built rather than received (tests, benchmark); no service
+calls it.
 
 Field names follow upstream's JSON tags, not its documentation: the retry counter is
 ``status.resettingCount`` (the docs call it "retryCount") and declared pod sets are
@@ -28,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
 from shared.appwrapper.constants import API_VERSION, KIND, ConditionStatus, ConditionType
@@ -147,6 +146,9 @@ class AppWrapperError(ValueError):
 
 
 class _Wire(BaseModel):
+    # JSON names in camelCase, as shared.config's sections: a deliberate mirror of that base, not
+    # one base for both, because these keep the fields they do not know (an object written by a
+    # newer upstream passes through whole) where the configuration rejects them.
     model_config = ConfigDict(
         alias_generator=to_camel,
         validate_by_name=True,
@@ -236,18 +238,12 @@ class AppWrapper(_Wire):
     kind: str
     spec: AppWrapperSpec
 
-    @field_validator("api_version")
+    @field_validator("api_version", "kind")
     @classmethod
-    def _known_api_version(cls, value: str) -> str:
-        if value != API_VERSION:
-            raise ValueError(f"expected '{API_VERSION}', got '{value}'")
-        return value
-
-    @field_validator("kind")
-    @classmethod
-    def _known_kind(cls, value: str) -> str:
-        if value != KIND:
-            raise ValueError(f"expected '{KIND}', got '{value}'")
+    def _known(cls, value: str, info: ValidationInfo) -> str:
+        expected = {"api_version": API_VERSION, "kind": KIND}[info.field_name or ""]
+        if value != expected:
+            raise ValueError(f"expected '{expected}', got '{value}'")
         return value
 
 

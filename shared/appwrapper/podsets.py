@@ -204,37 +204,32 @@ def _infer_jobset(template: Mapping[str, Any]) -> list[PodSet]:
     return pod_sets
 
 
+def _replica_spec(spec: Any, path: str, *, replicas: int | None = None) -> list[PodSet]:
+    """The pod set of a replica spec (``{replicas, template}``) at ``path``; none without a template."""
+    if not isinstance(spec, Mapping) or "template" not in spec:
+        return []
+    count = _replicas(spec, "replicas") if replicas is None else replicas
+    return [PodSet(replicas=count, path=f"{path}.template")]
+
+
 def _infer_pytorchjob(template: Mapping[str, Any]) -> list[PodSet]:
     specs = mapping_at(template, "spec", "pytorchReplicaSpecs")
-    pod_sets = []
     # Master before Worker, whatever the order in the object: Kueue pairs pod sets by position.
-    for role in ("Master", "Worker"):
-        spec = specs.get(role)
-        if isinstance(spec, Mapping) and "template" in spec:
-            pod_sets.append(
-                PodSet(
-                    replicas=_replicas(spec, "replicas"),
-                    path=f"{_ROOT}.spec.pytorchReplicaSpecs.{role}.template",
-                )
-            )
-    return pod_sets
+    return [
+        pod_set
+        for role in ("Master", "Worker")
+        for pod_set in _replica_spec(specs.get(role), f"{_ROOT}.spec.pytorchReplicaSpecs.{role}")
+    ]
 
 
 def _ray_cluster_pod_sets(cluster_spec: Mapping[str, Any], prefix: str) -> list[PodSet]:
-    pod_sets = []
-    head = cluster_spec.get("headGroupSpec")
-    if isinstance(head, Mapping) and "template" in head:
-        pod_sets.append(PodSet(replicas=1, path=f"{prefix}.headGroupSpec.template"))
-    workers = cluster_spec.get("workerGroupSpecs")
-    for index, group in enumerate(workers if isinstance(workers, list) else []):
-        if isinstance(group, Mapping) and "template" in group:
-            pod_sets.append(
-                PodSet(
-                    replicas=_replicas(group, "replicas"),
-                    path=f"{prefix}.workerGroupSpecs[{index}].template",
-                )
-            )
-    return pod_sets
+    head = _replica_spec(cluster_spec.get("headGroupSpec"), f"{prefix}.headGroupSpec", replicas=1)
+    workers = list_at(cluster_spec, "workerGroupSpecs")
+    return head + [
+        pod_set
+        for index, group in enumerate(workers)
+        for pod_set in _replica_spec(group, f"{prefix}.workerGroupSpecs[{index}]")
+    ]
 
 
 def _infer_raycluster(template: Mapping[str, Any]) -> list[PodSet]:

@@ -9,15 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from respawn.testbed import sim
+from respawn.testbed import manifests, sim
 from respawn.testbed.cluster import kubectl
 from shared.appwrapper.constants import APPWRAPPER_LABEL
 from shared.appwrapper.model import read_appwrapper
-from shared.appwrapper.params import (
-    FAILURE_GRACE_PERIOD_ANNOTATION,
-    FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION,
-    RETRY_PAUSE_PERIOD_ANNOTATION,
-)
 from tests.waiting import until
 
 __all__ = [
@@ -32,11 +27,7 @@ __all__ = [
 ]
 
 # Upstream's per-AppWrapper clocks cut to seconds, so that a reset takes seconds, not minutes.
-FAST_RESET = {
-    FAILURE_GRACE_PERIOD_ANNOTATION: "0s",
-    RETRY_PAUSE_PERIOD_ANNOTATION: "1s",
-    FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION: "5s",
-}
+FAST_RESET = manifests.fault_tolerance(failure_grace="0s", retry_pause="1s", forceful_deletion_grace="5s")
 
 
 def apply(kubeconfig: Path, namespace: str, manifest: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -30,11 +30,7 @@ from shared import subjects
 from shared.appwrapper.constants import Reason
 from shared.appwrapper.model import read_appwrapper
 from shared.appwrapper.params import (
-    ADMISSION_GRACE_PERIOD_ANNOTATION,
     FAILURE_GRACE_PERIOD_ANNOTATION,
-    RETRY_LIMIT_ANNOTATION,
-    TERMINAL_EXIT_CODES_ANNOTATION,
-    WARMUP_GRACE_PERIOD_ANNOTATION,
 )
 from shared.messages import PodObservation, Verdict, decode
 from tests.integration.conftest import ServiceFactory
@@ -164,13 +160,20 @@ async def feed(nc: Any, namespace: str, name: str) -> VerdictFeed:
     return f
 
 
-async def submit(
-    stack: Stack, nc: Any, namespace: str, name: str, workload: dict[str, Any], **annotations: str
-) -> VerdictFeed:
-    """Follow the AppWrapper's verdicts, then submit it around ``workload``."""
-    verdicts = await feed(nc, namespace, name)
-    apply(stack.kubeconfig, namespace, appwrapper(name, workload, **annotations))
-    return verdicts
+Submit = Callable[..., Awaitable[VerdictFeed]]
+
+
+@pytest.fixture
+def submit(stack: Stack, nc: Any, namespace: str) -> Submit:
+    """``submit(name, workload, **clocks)``: follow the AppWrapper's verdicts, then submit it around
+    ``workload`` with the fault-tolerance parameters ``clocks`` (``manifests.fault_tolerance``)."""
+
+    async def follow_and_apply(name: str, workload: dict[str, Any], **clocks: Any) -> VerdictFeed:
+        verdicts = await feed(nc, namespace, name)
+        apply(stack.kubeconfig, namespace, appwrapper(name, workload, **manifests.fault_tolerance(**clocks)))
+        return verdicts
+
+    return follow_and_apply
 
 
 def unhealthy(reason: str) -> Callable[[Verdict], bool]:
@@ -185,16 +188,11 @@ def healthy(reason: str = "") -> Callable[[Verdict], bool]:
 
 
 async def test_failed_pod_is_healthy_during_the_failure_grace_period_then_unhealthy(
-    stack: Stack, nc: Any, namespace: str
+    stack: Stack, namespace: str, submit: Submit
 ) -> None:
     kc = stack.kubeconfig
     verdicts = await submit(
-        stack,
-        nc,
-        namespace,
-        "fp",
-        pod("fp-0", annotations={sim.FAIL_AFTER: "1s"}),
-        **{FAILURE_GRACE_PERIOD_ANNOTATION: "3s", RETRY_LIMIT_ANNOTATION: "0"},
+        "fp", pod("fp-0", annotations={sim.FAIL_AFTER: "1s"}), failure_grace="3s", retry_limit=0
     )
     grace = await verdicts.wait(healthy(Reason.FOUND_FAILED_PODS))
     # Read while the grace period runs: once Failed, lifecycle deletes the pod.
@@ -242,20 +240,17 @@ def quota_refused(kubeconfig: Path, namespace: str) -> bool:
     return any("exceeded quota" in e.get("message", "") for e in events)
 
 
-async def test_pod_stuck_in_init_is_unhealthy_after_warmup(stack: Stack, nc: Any, namespace: str) -> None:
+async def test_pod_stuck_in_init_is_unhealthy_after_warmup(
+    stack: Stack, namespace: str, submit: Submit
+) -> None:
     kc = stack.kubeconfig
     verdicts = await submit(
-        stack,
-        nc,
-        namespace,
         "si",
         pod("si-0", annotations={sim.STUCK_INIT: "true"}, init_container=True),
-        **{
-            ADMISSION_GRACE_PERIOD_ANNOTATION: "1s",
-            WARMUP_GRACE_PERIOD_ANNOTATION: "2s",
-            FAILURE_GRACE_PERIOD_ANNOTATION: "3s",
-            RETRY_LIMIT_ANNOTATION: "0",
-        },
+        admission_grace="1s",
+        warmup_grace="2s",
+        failure_grace="3s",
+        retry_limit=0,
     )
     # The pod exists, scheduled but stuck in its init container (read before the verdict: once
     # the AppWrapper fails, lifecycle deletes it).
@@ -270,20 +265,13 @@ async def test_pod_stuck_in_init_is_unhealthy_after_warmup(stack: Stack, nc: Any
     assert final.terminal is False
 
 
-async def test_pod_never_scheduled_is_unhealthy_after_warmup(stack: Stack, nc: Any, namespace: str) -> None:
+async def test_pod_never_scheduled_is_unhealthy_after_warmup(
+    stack: Stack, namespace: str, submit: Submit
+) -> None:
     kc = stack.kubeconfig
+    unschedulable_pod = pod("ns-0", gpus=9)  # every node has 8
     verdicts = await submit(
-        stack,
-        nc,
-        namespace,
-        "ns",
-        pod("ns-0", gpus=9),  # every node has 8
-        **{
-            ADMISSION_GRACE_PERIOD_ANNOTATION: "1s",
-            WARMUP_GRACE_PERIOD_ANNOTATION: "2s",
-            FAILURE_GRACE_PERIOD_ANNOTATION: "2s",
-            RETRY_LIMIT_ANNOTATION: "0",
-        },
+        "ns", unschedulable_pod, admission_grace="1s", warmup_grace="2s", failure_grace="2s", retry_limit=0
     )
     await until("pod ns-0 reported Unschedulable", lambda: unschedulable(kc, namespace, "ns-0"))
     final = await verdicts.wait(unhealthy(Reason.INSUFFICIENT_PODS_READY))
@@ -296,7 +284,7 @@ async def test_pod_never_scheduled_is_unhealthy_after_warmup(stack: Stack, nc: A
 
 
 async def test_pods_that_cannot_be_created_are_unhealthy_after_admission(
-    stack: Stack, nc: Any, namespace: str
+    stack: Stack, namespace: str, submit: Submit
 ) -> None:
     kc = stack.kubeconfig
     # The namespace admits one pod: the Job's second pod is refused by the quota, never created.
@@ -316,17 +304,12 @@ async def test_pods_that_cannot_be_created_are_unhealthy_after_admission(
         lambda: "used" in get(kc, namespace, "resourcequota", "one-pod")["status"],
     )
     verdicts = await submit(
-        stack,
-        nc,
-        namespace,
         "adm",
         job("adm-job", parallelism=2),
-        **{
-            ADMISSION_GRACE_PERIOD_ANNOTATION: "1s",
-            WARMUP_GRACE_PERIOD_ANNOTATION: "1m",
-            FAILURE_GRACE_PERIOD_ANNOTATION: "3s",
-            RETRY_LIMIT_ANNOTATION: "0",
-        },
+        admission_grace="1s",
+        warmup_grace="1m",
+        failure_grace="3s",
+        retry_limit=0,
     )
     # One pod of two is created, the other refused (checked before the AppWrapper fails and
     # lifecycle deletes its resources).
@@ -346,16 +329,10 @@ async def test_pods_that_cannot_be_created_are_unhealthy_after_admission(
     assert "expected 2" in final.message and "admission" in final.message
 
 
-async def test_failed_job_is_unhealthy_at_once(stack: Stack, nc: Any, namespace: str) -> None:
-    verdicts = await submit(
-        stack,
-        nc,
-        namespace,
-        "fj",
-        job("fj-job", annotations={sim.FAIL_AFTER: "1s"}),
-        # The failed pod alone would wait a minute; the Job's Failed condition does not wait.
-        **{FAILURE_GRACE_PERIOD_ANNOTATION: "1m", RETRY_LIMIT_ANNOTATION: "0"},
-    )
+async def test_failed_job_is_unhealthy_at_once(stack: Stack, namespace: str, submit: Submit) -> None:
+    # The failed pod alone would wait a minute; the Job's Failed condition does not wait.
+    failing = job("fj-job", annotations={sim.FAIL_AFTER: "1s"})
+    verdicts = await submit("fj", failing, failure_grace="1m", retry_limit=0)
     final = await verdicts.wait(unhealthy(Reason.FAILED_COMPONENT))
 
     # The reason the Job controller gave (backoffLimit 0, one failed pod) is passed on.
@@ -367,10 +344,10 @@ async def test_failed_job_is_unhealthy_at_once(stack: Stack, nc: Any, namespace:
 
 
 async def test_externally_deleted_component_is_unhealthy_and_terminal(
-    stack: Stack, nc: Any, namespace: str
+    stack: Stack, namespace: str, submit: Submit
 ) -> None:
     kc = stack.kubeconfig
-    verdicts = await submit(stack, nc, namespace, "dc", job("dc-job"), **{RETRY_LIMIT_ANNOTATION: "3"})
+    verdicts = await submit("dc", job("dc-job"), retry_limit=3)
     (pod,) = await pod_names(kc, namespace)
     await until(
         "the Job's pod Running", lambda: get(kc, namespace, "pod", pod)["status"].get("phase") == "Running"
@@ -385,19 +362,16 @@ async def test_externally_deleted_component_is_unhealthy_and_terminal(
     assert final.terminal is True
 
 
-async def test_terminal_exit_code_makes_the_failure_terminal(stack: Stack, nc: Any, namespace: str) -> None:
+async def test_terminal_exit_code_makes_the_failure_terminal(
+    stack: Stack, namespace: str, submit: Submit
+) -> None:
     kc = stack.kubeconfig
     verdicts = await submit(
-        stack,
-        nc,
-        namespace,
         "te",
         pod("te-0", annotations={sim.FAIL_AFTER: "1s", sim.EXIT_CODE: "42"}),
-        **{
-            TERMINAL_EXIT_CODES_ANNOTATION: "3,42",
-            FAILURE_GRACE_PERIOD_ANNOTATION: "1s",
-            RETRY_LIMIT_ANNOTATION: "3",
-        },
+        terminal_exit_codes="3,42",
+        failure_grace="1s",
+        retry_limit=3,
     )
     final = await verdicts.wait(unhealthy(Reason.FOUND_FAILED_PODS))
 
@@ -409,10 +383,10 @@ async def test_terminal_exit_code_makes_the_failure_terminal(stack: Stack, nc: A
 
 
 async def test_idle_healthy_appwrapper_produces_no_verdict_churn(
-    stack: Stack, nc: Any, namespace: str
+    stack: Stack, nc: Any, namespace: str, submit: Submit
 ) -> None:
     kc = stack.kubeconfig
-    verdicts = await submit(stack, nc, namespace, "idle", pod("idle-0"))
+    verdicts = await submit("idle", pod("idle-0"))
     first = await verdicts.wait(lambda v: True)
     assert first.state == "Healthy" and first.reason == "" and first.seq == 1
     await until(
@@ -477,16 +451,9 @@ async def test_idle_healthy_appwrapper_produces_no_verdict_churn(
 
 
 async def test_malformed_annotation_is_reported_and_the_default_is_used(
-    stack: Stack, nc: Any, namespace: str
+    stack: Stack, namespace: str, submit: Submit
 ) -> None:
-    verdicts = await submit(
-        stack,
-        nc,
-        namespace,
-        "bad",
-        pod("bad-0", annotations={sim.FAIL_AFTER: "1s"}),
-        **{FAILURE_GRACE_PERIOD_ANNOTATION: "abc"},
-    )
+    verdicts = await submit("bad", pod("bad-0", annotations={sim.FAIL_AFTER: "1s"}), failure_grace="abc")
     first = await verdicts.wait(lambda v: True)
     grace = await verdicts.wait(healthy(Reason.FOUND_FAILED_PODS))
 
@@ -497,14 +464,11 @@ async def test_malformed_annotation_is_reported_and_the_default_is_used(
     assert grace.deadline - grace.first_unhealthy_at == DEFAULT_FAILURE_GRACE
 
 
-async def test_a_grace_period_survives_a_restart_of_health(stack: Stack, nc: Any, namespace: str) -> None:
+async def test_a_grace_period_survives_a_restart_of_health(
+    stack: Stack, namespace: str, submit: Submit
+) -> None:
     verdicts = await submit(
-        stack,
-        nc,
-        namespace,
-        "rs",
-        pod("rs-0", annotations={sim.FAIL_AFTER: "1s"}),
-        **{FAILURE_GRACE_PERIOD_ANNOTATION: "6s", RETRY_LIMIT_ANNOTATION: "0"},
+        "rs", pod("rs-0", annotations={sim.FAIL_AFTER: "1s"}), failure_grace="6s", retry_limit=0
     )
     grace = await verdicts.wait(healthy(Reason.FOUND_FAILED_PODS))
     assert grace.deadline is not None

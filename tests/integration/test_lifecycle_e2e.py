@@ -23,11 +23,6 @@ from respawn.testbed.services import ServiceProcess, spawn_service
 from shared import subjects
 from shared.appwrapper.constants import APPWRAPPER_LABEL, FINALIZER
 from shared.appwrapper.model import read_appwrapper
-from shared.appwrapper.params import (
-    FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION,
-    RETRY_LIMIT_ANNOTATION,
-    RETRY_PAUSE_PERIOD_ANNOTATION,
-)
 from shared.appwrapper.podsets import component_pod_sets, get_at_path
 from shared.messages import LifecycleEvent
 from tests import mlbatch
@@ -58,22 +53,20 @@ def two(pods: list[dict[str, Any]]) -> bool:
     return len(pods) == 2
 
 
-def job_appwrapper(
+def submit(
+    kubeconfig: Path,
+    namespace: str,
     name: str,
     *,
+    pods: int = 1,
     pod_annotations: dict[str, str] | None = None,
-    annotations: dict[str, str] | None = None,
-    parallelism: int = 1,
-    suspend: bool = False,
-) -> dict[str, Any]:
-    """An AppWrapper around one batch/v1 Job whose failed pods are not replaced by the Job."""
-    return manifests.job_appwrapper(
-        name,
-        pods=parallelism,
-        pod_annotations=pod_annotations,
-        annotations={**FAST_RESET, **(annotations or {})},
-        suspend=suspend,
-    )
+    **clocks: Any,
+) -> None:
+    """Submit an AppWrapper around one Job whose failed pods are not replaced by the Job, with
+    short clocks (``FAST_RESET``, then ``clocks`` as for ``manifests.fault_tolerance``)."""
+    annotations = {**FAST_RESET, **manifests.fault_tolerance(**clocks)}
+    aw = manifests.job_appwrapper(name, pods=pods, pod_annotations=pod_annotations, annotations=annotations)
+    apply(kubeconfig, namespace, aw)
 
 
 def get_component(kubeconfig: Path, namespace: str, template: dict[str, Any], name: str) -> dict[str, Any]:
@@ -102,6 +95,12 @@ def observers(
     finally:
         for sp in started:
             sp.stop()
+
+
+@pytest.fixture
+def lifecycle(observers: None, service: ServiceFactory) -> ServiceProcess:
+    """The process under test: a lifecycle of its own, beside the module's watcher and health."""
+    return service("lifecycle")
 
 
 async def lifecycle_events(nats_url: str, namespace: str, name: str) -> list[LifecycleEvent]:
@@ -191,10 +190,9 @@ def with_pods_succeeding(aw: dict[str, Any], after: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("sample", ["job", "job-with-podgroup", "pytorchjob"])
 async def test_mlbatch_sample_runs_unchanged_to_succeeded(
-    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory, sample: str
+    testbed: Endpoints, namespace: str, lifecycle: ServiceProcess, sample: str
 ) -> None:
     kc = testbed.kubeconfig
-    service("lifecycle")
     aw = with_pods_succeeding(mlbatch_sample(sample), "1s")
     # No Kueue on the testbed: none of the samples asks to be suspended, so nothing to admit.
     assert aw["spec"].get("suspend") is not True
@@ -222,20 +220,11 @@ async def test_mlbatch_sample_runs_unchanged_to_succeeded(
 
 
 async def test_pod_failing_once_is_reset_recreated_and_succeeds(
-    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+    testbed: Endpoints, namespace: str, lifecycle: ServiceProcess
 ) -> None:
     kc = testbed.kubeconfig
-    service("lifecycle")
     # A retry pause long enough to watch the Resetting phase go by.
-    apply(
-        kc,
-        namespace,
-        job_appwrapper(
-            "once",
-            pod_annotations={sim.SUCCEED_AFTER: "4s"},
-            annotations={RETRY_PAUSE_PERIOD_ANNOTATION: "4s"},
-        ),
-    )
+    submit(kc, namespace, "once", pod_annotations={sim.SUCCEED_AFTER: "4s"}, retry_pause="4s")
     await wait_phase(kc, namespace, "once", "Running")
     first = await until("a running pod", lambda: running_pods(kc, namespace, "once"))
     first_job_uid = jobs(kc, namespace)[0]["metadata"]["uid"]
@@ -265,17 +254,10 @@ async def test_pod_failing_once_is_reset_recreated_and_succeeds(
 
 
 async def test_always_failing_workload_ends_failed_at_the_retry_limit_with_nothing_left(
-    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+    testbed: Endpoints, namespace: str, lifecycle: ServiceProcess
 ) -> None:
     kc = testbed.kubeconfig
-    service("lifecycle")
-    apply(
-        kc,
-        namespace,
-        job_appwrapper(
-            "doomed", pod_annotations={sim.FAIL_AFTER: "1s"}, annotations={RETRY_LIMIT_ANNOTATION: "2"}
-        ),
-    )
+    submit(kc, namespace, "doomed", pod_annotations={sim.FAIL_AFTER: "1s"}, retry_limit=2)
     failed = await wait_phase(kc, namespace, "doomed", "Failed", within=60)
     assert read_appwrapper(failed).resetting_count == 2
     assert condition(failed, "Unhealthy")["status"] == "True"
@@ -301,19 +283,16 @@ async def test_always_failing_workload_ends_failed_at_the_retry_limit_with_nothi
 
 
 async def test_stuck_terminating_pod_is_removed_only_by_forceful_deletion(
-    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+    testbed: Endpoints, namespace: str, lifecycle: ServiceProcess
 ) -> None:
     kc = testbed.kubeconfig
-    service("lifecycle")
     forceful = 4
-    apply(
+    submit(
         kc,
         namespace,
-        job_appwrapper(
-            "stuck",
-            pod_annotations={sim.STUCK_TERMINATING: "true"},
-            annotations={FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION: f"{forceful}s"},
-        ),
+        "stuck",
+        pod_annotations={sim.STUCK_TERMINATING: "true"},
+        forceful_deletion_grace=f"{forceful}s",
     )
     await wait_phase(kc, namespace, "stuck", "Running")
     [pod] = await until("a running pod", lambda: running_pods(kc, namespace, "stuck"))
@@ -370,11 +349,10 @@ async def test_stuck_terminating_pod_is_removed_only_by_forceful_deletion(
 
 
 async def test_suspend_deletes_everything_and_resume_runs_again(
-    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+    testbed: Endpoints, namespace: str, lifecycle: ServiceProcess
 ) -> None:
     kc = testbed.kubeconfig
-    service("lifecycle")
-    apply(kc, namespace, job_appwrapper("pausable", parallelism=2))
+    submit(kc, namespace, "pausable", pods=2)
     await wait_phase(kc, namespace, "pausable", "Running")
     await until("two running pods", lambda: running_pods(kc, namespace, "pausable"), done=two)
     [job] = jobs(kc, namespace)
@@ -399,11 +377,10 @@ async def test_suspend_deletes_everything_and_resume_runs_again(
 
 
 async def test_component_deleted_behind_the_controllers_back_fails_the_appwrapper(
-    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+    testbed: Endpoints, namespace: str, lifecycle: ServiceProcess
 ) -> None:
     kc = testbed.kubeconfig
-    service("lifecycle")
-    apply(kc, namespace, job_appwrapper("victim"))
+    submit(kc, namespace, "victim")
     await wait_phase(kc, namespace, "victim", "Running")
     await until("a running pod", lambda: running_pods(kc, namespace, "victim"))
 
@@ -421,24 +398,19 @@ async def test_component_deleted_behind_the_controllers_back_fails_the_appwrappe
 
 
 async def test_deleting_the_appwrapper_mid_reset_leaves_nothing_behind(
-    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+    testbed: Endpoints, namespace: str, lifecycle: ServiceProcess
 ) -> None:
     kc = testbed.kubeconfig
-    service("lifecycle")
     # Pods that only a forceful delete removes keep the reset's deletion going while the
     # AppWrapper is deleted; a long pause would keep it in Resetting afterwards.
-    apply(
+    submit(
         kc,
         namespace,
-        job_appwrapper(
-            "doomed",
-            parallelism=2,
-            pod_annotations={sim.STUCK_TERMINATING: "true"},
-            annotations={
-                RETRY_PAUSE_PERIOD_ANNOTATION: "60s",
-                FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION: "4s",
-            },
-        ),
+        "doomed",
+        pods=2,
+        pod_annotations={sim.STUCK_TERMINATING: "true"},
+        retry_pause="60s",
+        forceful_deletion_grace="4s",
     )
     await wait_phase(kc, namespace, "doomed", "Running")
     pods = await until("two running pods", lambda: running_pods(kc, namespace, "doomed"), done=two)
@@ -460,24 +432,19 @@ async def test_deleting_the_appwrapper_mid_reset_leaves_nothing_behind(
 
 
 async def test_lifecycle_killed_mid_reset_is_replaced_and_the_reset_completes_with_the_right_count(
-    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+    testbed: Endpoints, namespace: str, service: ServiceFactory, lifecycle: ServiceProcess
 ) -> None:
     kc = testbed.kubeconfig
-    lifecycle = service("lifecycle")
     # Pods that only a forceful delete removes hold the reset in its deletion stage, so the
     # kill lands in the middle of it.
-    apply(
+    submit(
         kc,
         namespace,
-        job_appwrapper(
-            "phoenix",
-            parallelism=2,
-            pod_annotations={sim.SUCCEED_AFTER: "5s", sim.STUCK_TERMINATING: "true"},
-            annotations={
-                RETRY_PAUSE_PERIOD_ANNOTATION: "3s",
-                FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION: "4s",
-            },
-        ),
+        "phoenix",
+        pods=2,
+        pod_annotations={sim.SUCCEED_AFTER: "5s", sim.STUCK_TERMINATING: "true"},
+        retry_pause="3s",
+        forceful_deletion_grace="4s",
     )
     await wait_phase(kc, namespace, "phoenix", "Running")
     pods = await until("two running pods", lambda: running_pods(kc, namespace, "phoenix"), done=two)
@@ -529,7 +496,7 @@ async def test_two_lifecycle_instances_reset_once_and_create_once_per_attempt(
     fast_resync = {"RESPAWN_LIFECYCLE_RESYNC_PERIOD": "300ms"}
     service("lifecycle", instance="a", env=fast_resync)
     service("lifecycle", instance="b", env=fast_resync)
-    apply(kc, namespace, job_appwrapper("twin", pod_annotations={sim.SUCCEED_AFTER: "4s"}))
+    submit(kc, namespace, "twin", pod_annotations={sim.SUCCEED_AFTER: "4s"})
     await wait_phase(kc, namespace, "twin", "Running")
     [pod] = await until("a running pod", lambda: running_pods(kc, namespace, "twin"))
     assert len(job_watch.created_uids()) == 1

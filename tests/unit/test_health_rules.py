@@ -634,7 +634,8 @@ def test_pods_of_a_previous_attempt_do_not_count() -> None:
     assert (v.state, v.reason) == ("Healthy", "")
 
 
-def test_after_an_unhealthy_verdict_the_attempt_is_settled() -> None:
+def failed_without_grace() -> Decision:
+    """The verdict on p1 failing at T0+1m with no failure grace period: Unhealthy at once."""
     state = fold(
         [
             aw_obs(annotations={FAILURE_GRACE_PERIOD_ANNOTATION: "0s"}),
@@ -644,6 +645,11 @@ def test_after_an_unhealthy_verdict_the_attempt_is_settled() -> None:
     )
     decided = evaluate(state, T0 + MIN)
     assert decided.verdict is not None and decided.verdict.state == "Unhealthy"
+    return decided
+
+
+def test_after_an_unhealthy_verdict_the_attempt_is_settled() -> None:
+    decided = failed_without_grace()
     # Lifecycle starts the reset: components and pods go away, maybe seen before the phase change.
     state = fold(
         [component(deleted=True, observed_at=T0 + 2 * MIN), pod("p0", deleted=True), pod("p1", deleted=True)],
@@ -655,15 +661,7 @@ def test_after_an_unhealthy_verdict_the_attempt_is_settled() -> None:
 
 
 def test_a_new_attempt_gets_a_new_verdict_and_the_old_failure_is_forgotten() -> None:
-    state = fold(
-        [
-            aw_obs(annotations={FAILURE_GRACE_PERIOD_ANNOTATION: "0s"}),
-            pod("p0"),
-            failed_pod("p1", finished_at=T0 + MIN),
-        ]
-    )
-    first = evaluate(state, T0 + MIN)
-    assert first.verdict is not None and first.verdict.state == "Unhealthy"
+    first = failed_without_grace()
     redeployed = T0 + 5 * MIN
     state = fold(
         [
