@@ -34,7 +34,6 @@ from shared import subjects
 from shared.messages import LifecycleEvent, Verdict, decode
 
 NS = "demo"
-GPU = "nvidia.com/gpu"
 OUTPUT = Path("demo-output")
 ANNOTATION = "workload.codeflare.dev.appwrapper/"
 TERMINAL = ("Succeeded", "Failed")
@@ -67,37 +66,15 @@ def job_appwrapper(
 
 
 def pytorchjob_appwrapper(name: str) -> dict[str, Any]:
-    def replica(n: int) -> dict[str, Any]:
-        return {
-            "replicas": n,
-            "restartPolicy": "Never",
-            "template": {
-                "metadata": {"annotations": {sim.SUCCEED_AFTER: "25s"}},
-                "spec": {
-                    "containers": [
-                        {"name": "pytorch", "image": "pytorch", "resources": {"limits": {GPU: "2"}}}
-                    ]
-                },
-            },
-        }
-
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "components": [
-                {
-                    "template": {
-                        "apiVersion": "kubeflow.org/v1",
-                        "kind": "PyTorchJob",
-                        "metadata": {"name": name},
-                        "spec": {"pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(2)}},
-                    }
-                }
-            ]
-        },
-    }
+    template = manifests.pod_template(
+        annotations={sim.SUCCEED_AFTER: "25s"},
+        gpus=2,
+        container="pytorch",
+        image="pytorch",
+        restart_policy=None,
+    )
+    job = manifests.pytorchjob(name, replicas={"Master": 1, "Worker": 2}, template=template)
+    return manifests.appwrapper(name, manifests.component(job), namespace=NS)
 
 
 WORKLOADS: list[tuple[str, dict[str, Any], str]] = [

@@ -20,7 +20,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from shared.appwrapper.constants import GROUP, KIND, PLURAL, VERSION, ConditionStatus, ConditionType
+from shared.appwrapper.constants import GROUP, KIND, PLURAL, VERSION, ConditionType
+from shared.appwrapper.model import mapping_at, read_appwrapper, str_at
 from shared.appwrapper.params import effective_fault_tolerance
 from shared.faulttolerance import FaultTolerance
 from shared.kubetime import parse_kube_time
@@ -64,28 +65,18 @@ class StatusRow:
     last_transition: datetime | None
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def status_row(appwrapper: Mapping[str, Any], defaults: FaultTolerance) -> StatusRow:
     """One AppWrapper's row; ``defaults`` are the operator's, overridden by its annotations."""
-    meta = _mapping(appwrapper.get("metadata"))
-    status = _mapping(appwrapper.get("status"))
-    annotations = {str(k): v for k, v in _mapping(meta.get("annotations")).items()}
-    conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
-    unhealthy = next((c for c in conditions if c.get("type") == ConditionType.UNHEALTHY), {})
-    times = [t for t in (parse_kube_time(c.get("lastTransitionTime")) for c in conditions) if t is not None]
-    count = status.get("resettingCount")
+    fields = read_appwrapper(appwrapper)
+    unhealthy = fields.condition(ConditionType.UNHEALTHY)
+    times = [t for t in (parse_kube_time(c.get("lastTransitionTime")) for c in fields.conditions) if t]
     return StatusRow(
-        namespace=str(meta.get("namespace", "")),
-        name=str(meta.get("name", "")),
-        phase=str(status.get("phase") or ""),
-        resetting_count=count if isinstance(count, int) else 0,
-        retry_limit=effective_fault_tolerance(annotations, defaults).ft.retry_limit,
-        unhealthy_reason=(
-            str(unhealthy.get("reason") or "") if unhealthy.get("status") == ConditionStatus.TRUE else ""
-        ),
+        namespace=fields.namespace,
+        name=fields.name,
+        phase=fields.phase,
+        resetting_count=fields.resetting_count,
+        retry_limit=effective_fault_tolerance(fields.annotations, defaults).ft.retry_limit,
+        unhealthy_reason=str_at(unhealthy, "reason") if fields.is_true(ConditionType.UNHEALTHY) else "",
         last_transition=max(times) if times else None,
     )
 
@@ -182,13 +173,13 @@ def context_namespace(kubeconfig: str | None) -> str:
         sa = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
         return sa.read_text().strip() if sa.is_file() else "default"
     try:
-        config = _mapping(yaml.safe_load(Path(kubeconfig).read_text()))
+        config = mapping_at(yaml.safe_load(Path(kubeconfig).read_text()))
     except (OSError, yaml.YAMLError):
         return "default"
     current = config.get("current-context")
     for ctx in config.get("contexts") or []:
         if isinstance(ctx, Mapping) and ctx.get("name") == current:
-            return str(_mapping(ctx.get("context")).get("namespace") or "default")
+            return str_at(ctx, "context", "namespace") or "default"
     return "default"
 
 

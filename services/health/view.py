@@ -3,17 +3,17 @@
 The body comes from the bus and is untrusted input: a field of the wrong type or a missing
 status must never make the rules raise, so nothing here validates the whole object (that is the
 API server's and the webhook's job); each field is read on its own, and a problem that changes
-the judgement becomes a warning on the verdict.
+the judgement becomes a warning on the verdict. The fields are read by
+:func:`shared.appwrapper.model.read_appwrapper`, which never raises.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from shared.appwrapper.constants import CONTROLLER_NAME, ConditionStatus, ConditionType
+from shared.appwrapper.model import AppWrapperFields, read_appwrapper, str_at
 from shared.appwrapper.params import (
     EffectiveParams,
     ExitCodePolicy,
@@ -26,14 +26,6 @@ from shared.kubetime import parse_kube_time
 from shared.messages import AppWrapperObservation, ObjectRef
 
 __all__ = ["AppWrapperView", "view_of"]
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,48 +52,24 @@ class AppWrapperView:
     warnings: tuple[str, ...] = ()
 
 
-def _attempt_started_at(conditions: Any) -> datetime | None:
-    if not isinstance(conditions, list):
-        return None
-    for cond in conditions:
-        cond = _mapping(cond)
-        if cond.get("type") == ConditionType.RESOURCES_DEPLOYED:
-            if cond.get("status") != ConditionStatus.TRUE:
-                return None
-            return parse_kube_time(cond.get("lastTransitionTime"))
-    return None
-
-
-def _components(component_status: Any) -> frozenset[tuple[str, str]]:
-    if not isinstance(component_status, list):
-        return frozenset()
+def _components(fields: AppWrapperFields) -> frozenset[tuple[str, str]]:
     found = set()
-    for entry in component_status:
-        entry = _mapping(entry)
-        kind, name = entry.get("kind"), entry.get("name")
-        if isinstance(kind, str) and isinstance(name, str) and kind and name:
+    for entry in fields.component_status:
+        kind, name = str_at(entry, "kind"), str_at(entry, "name")
+        if kind and name:
             found.add((kind, name))
     return frozenset(found)
-
-
-def _string_map(value: Any) -> dict[str, str]:
-    # Kubernetes guarantees string values; anything else is passed through so that the
-    # parameter parser can report it instead of silently dropping it.
-    return {str(k): v for k, v in _mapping(value).items()}
 
 
 def view_of(observation: AppWrapperObservation, defaults: FaultTolerance) -> AppWrapperView:
     """Extract the health-relevant facts from an AppWrapper observation. Never raises."""
     body = observation.body
-    metadata = _mapping(body.get("metadata"))
-    spec = _mapping(body.get("spec"))
-    status = _mapping(body.get("status"))
-
-    uid = observation.ref.uid or str(metadata.get("uid") or "")
-    ref = ObjectRef(namespace=observation.ref.namespace, name=observation.ref.name, uid=uid)
-    annotations = _string_map(metadata.get("annotations"))
-    params = effective_fault_tolerance(annotations, defaults)
-    exit_codes = exit_code_policy(annotations)
+    fields = read_appwrapper(body)
+    ref = ObjectRef(
+        namespace=observation.ref.namespace, name=observation.ref.name, uid=observation.ref.uid or fields.uid
+    )
+    params = effective_fault_tolerance(fields.annotations, defaults)
+    exit_codes = exit_code_policy(fields.annotations)
     warnings = [*params.warnings, *exit_codes.warnings]
 
     expected: int | None
@@ -112,17 +80,21 @@ def view_of(observation: AppWrapperObservation, defaults: FaultTolerance) -> App
         reason = (str(exc).splitlines() or [type(exc).__name__])[0]
         warnings.append(f"cannot compute the expected pod count ({reason}); pod-count checks are skipped")
 
-    managed_by = spec.get("managedBy")
+    deployed = fields.condition(ConditionType.RESOURCES_DEPLOYED)
     return AppWrapperView(
         ref=ref,
         deleted=observation.deleted,
-        phase=str(status.get("phase") or ""),
-        suspend=spec.get("suspend") is True,
-        deleting=metadata.get("deletionTimestamp") is not None,
-        managed_elsewhere=isinstance(managed_by, str) and managed_by != CONTROLLER_NAME,
-        resetting_count=_int(status.get("resettingCount")),
-        attempt_started_at=_attempt_started_at(status.get("conditions")),
-        components=_components(status.get("componentStatus")),
+        phase=fields.phase,
+        suspend=fields.suspend,
+        deleting=fields.deleting,
+        managed_elsewhere=fields.managed_by is not None and fields.managed_by != CONTROLLER_NAME,
+        resetting_count=fields.resetting_count,
+        attempt_started_at=(
+            parse_kube_time(deployed.get("lastTransitionTime"))
+            if deployed.get("status") == ConditionStatus.TRUE
+            else None
+        ),
+        components=_components(fields),
         expected_pods=expected,
         params=params,
         exit_codes=exit_codes,

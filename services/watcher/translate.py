@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from shared import subjects
 from shared.appwrapper.constants import APPWRAPPER_LABEL
+from shared.appwrapper.model import mapping_at, str_at
 from shared.kubetime import parse_kube_time
 from shared.messages import (
     AppWrapperObservation,
@@ -31,8 +32,11 @@ PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
 
 
 def _ref(obj: dict[str, Any]) -> ObjectRef:
-    meta = obj.get("metadata", {})
-    return ObjectRef(namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""))
+    return ObjectRef(
+        namespace=str_at(obj, "metadata", "namespace"),
+        name=str_at(obj, "metadata", "name"),
+        uid=str_at(obj, "metadata", "uid"),
+    )
 
 
 def _containers(status: dict[str, Any]) -> tuple[ContainerState, ...]:
@@ -85,8 +89,8 @@ def _extended_resources(spec: dict[str, Any]) -> tuple[str, ...]:
 
 
 def pod_observation(obj: dict[str, Any], *, deleted: bool, now: datetime) -> PodObservation | None:
-    meta = obj.get("metadata", {})
-    aw = (meta.get("labels") or {}).get(APPWRAPPER_LABEL)
+    meta = mapping_at(obj, "metadata")
+    aw = str_at(meta, "labels", APPWRAPPER_LABEL)
     if not aw:
         return None
     spec = obj.get("spec") or {}
@@ -138,8 +142,8 @@ def interpret_status(api_version: str, kind: str, status: dict[str, Any]) -> tup
 def component_observation(
     obj: dict[str, Any], *, deleted: bool, now: datetime
 ) -> ComponentObservation | None:
-    meta = obj.get("metadata", {})
-    aw = (meta.get("labels") or {}).get(APPWRAPPER_LABEL)
+    meta = mapping_at(obj, "metadata")
+    aw = str_at(meta, "labels", APPWRAPPER_LABEL)
     if not aw:
         return None
     api_version, kind = obj.get("apiVersion", ""), obj.get("kind", "")
@@ -161,7 +165,7 @@ def component_observation(
 
 
 def appwrapper_observation(obj: dict[str, Any], *, deleted: bool, now: datetime) -> AppWrapperObservation:
-    meta = dict(obj.get("metadata", {}))
+    meta = dict(mapping_at(obj, "metadata"))
     meta.pop("managedFields", None)
     body = {**obj, "metadata": meta}
     return AppWrapperObservation(
@@ -174,7 +178,7 @@ def appwrapper_observation(obj: dict[str, Any], *, deleted: bool, now: datetime)
 
 
 def node_observation(obj: dict[str, Any], *, deleted: bool, now: datetime) -> NodeObservation:
-    meta = obj.get("metadata", {})
+    meta = mapping_at(obj, "metadata")
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     ready = any(

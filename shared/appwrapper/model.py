@@ -1,55 +1,154 @@
-"""Typed view of an AppWrapper (workload.codeflare.dev/v1beta2) as the API server serialises it.
+"""The Python view of an AppWrapper (workload.codeflare.dev/v1beta2): one defensive reader of
+the whole object, and strict models of the parts that are validated.
+
+Why no typed model of the whole object (metadata, status, conditions): the services read
+AppWrappers the API server has already checked against the CRD, and must go on judging one
+whose field is odd anyway; a whole-object model would reject it for that one field. So they read
+field by field, and a problem that matters becomes a warning, never an exception. That reading
+is done here, once, by :func:`read_appwrapper`, which never raises (a missing or mistyped field
+reads as empty). A whole-object pydantic model stood here before beside three hand-written
+readers like it in the services; it was used by tests only, so it went and the readers became
+this one. The lifecycle writes status back as the dict it read, keeping fields it does not know.
+
+What is validated strictly is what admission and pod-set inference must reject with a message:
+the components (:class:`AppWrapperComponent`, its pod sets and podSetInfos), for the webhook and
+``podsets``. :func:`parse_appwrapper` applies that check to a whole manifest (kind, apiVersion,
+every component) where manifests are built rather than received (tests, benchmark); no service
+calls it.
 
 Field names follow upstream's JSON tags, not its documentation: the retry counter is
 ``status.resettingCount`` (the docs call it "retryCount") and declared pod sets are
-``spec.components[].podSets``. Every model keeps fields it does not know (``extra="allow"``)
-so that reading an object written by a newer upstream and writing it back loses nothing.
-
-:func:`dump_appwrapper` omits defaults and empty collections, which mirrors Go's
-``omitempty`` and keeps patches minimal.
+``spec.components[].podSets``. The models keep fields they do not know (``extra="allow"``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from dataclasses import dataclass, field
+from typing import Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
-from pydantic.functional_serializers import PlainSerializer
 
-from shared.appwrapper.constants import API_VERSION, KIND, ConditionStatus, ConditionType, Phase
-from shared.kubetime import format_kube_time
+from shared.appwrapper.constants import API_VERSION, KIND, ConditionStatus, ConditionType
 
 __all__ = [
     "AppWrapper",
     "AppWrapperComponent",
     "AppWrapperError",
+    "AppWrapperFields",
     "AppWrapperSpec",
-    "AppWrapperStatus",
-    "ComponentStatus",
-    "Condition",
-    "ObjectMeta",
     "PodSet",
     "PodSetInfo",
     "SchedulingGate",
     "Toleration",
-    "dump_appwrapper",
-    "format_kube_time",
+    "int_at",
+    "list_at",
+    "mapping_at",
     "parse_appwrapper",
+    "read_appwrapper",
+    "str_at",
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading defensively
+
+
+def mapping_at(obj: Any, *keys: str) -> Mapping[str, Any]:
+    """The object at ``keys`` below ``obj`` (``obj`` itself without keys); empty if there is none."""
+    value = obj
+    for key in keys:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
+def _at(obj: Any, keys: tuple[str, ...]) -> Any:
+    return mapping_at(obj, *keys[:-1]).get(keys[-1]) if keys else obj
+
+
+def list_at(obj: Any, *keys: str) -> list[Any]:
+    """The list at ``keys`` below ``obj``; empty if there is none."""
+    value = _at(obj, keys)
+    return value if isinstance(value, list) else []
+
+
+def int_at(obj: Any, *keys: str) -> int | None:
+    """The integer at ``keys`` below ``obj``; None if there is none."""
+    value = _at(obj, keys)
+    # bool is an int in Python, but never a count.
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def str_at(obj: Any, *keys: str) -> str:
+    """The string at ``keys`` below ``obj``; empty if there is none."""
+    value = _at(obj, keys)
+    return value if isinstance(value, str) else ""
+
+
+@dataclass(frozen=True, slots=True)
+class AppWrapperFields:
+    """What the services read off an AppWrapper, each field on its own (see :func:`read_appwrapper`)."""
+
+    namespace: str = ""
+    name: str = ""
+    uid: str = ""
+    # Keys as strings, values as found: the annotation parsers report a value that is not a
+    # string rather than have it dropped here without a word.
+    annotations: Mapping[str, Any] = field(default_factory=dict)
+    # metadata.deletionTimestamp is set: the object is being torn down.
+    deleting: bool = False
+    suspend: bool = False
+    # spec.managedBy; None when absent (or not a string).
+    managed_by: str | None = None
+    phase: str = ""
+    resetting_count: int = 0
+    conditions: tuple[Mapping[str, Any], ...] = ()
+    component_status: tuple[Mapping[str, Any], ...] = ()
+
+    def condition(self, ctype: ConditionType | str) -> Mapping[str, Any]:
+        """The condition of type ``ctype``; empty if there is none."""
+        return next((c for c in self.conditions if c.get("type") == ctype), {})
+
+    def is_true(self, ctype: ConditionType | str) -> bool:
+        return self.condition(ctype).get("status") == ConditionStatus.TRUE
+
+
+def _mappings(values: list[Any]) -> tuple[Mapping[str, Any], ...]:
+    return tuple(v for v in values if isinstance(v, Mapping))
+
+
+def read_appwrapper(body: Any) -> AppWrapperFields:
+    """The fields of a raw AppWrapper body. Never raises: whatever is missing or mistyped reads as
+    empty (a body that is not an object reads as all empty)."""
+    managed_by = mapping_at(body, "spec").get("managedBy")
+    return AppWrapperFields(
+        namespace=str_at(body, "metadata", "namespace"),
+        name=str_at(body, "metadata", "name"),
+        uid=str_at(body, "metadata", "uid"),
+        annotations={str(k): v for k, v in mapping_at(body, "metadata", "annotations").items()},
+        deleting=mapping_at(body, "metadata").get("deletionTimestamp") is not None,
+        suspend=mapping_at(body, "spec").get("suspend") is True,
+        managed_by=managed_by if isinstance(managed_by, str) else None,
+        phase=str_at(body, "status", "phase"),
+        resetting_count=int_at(body, "status", "resettingCount") or 0,
+        conditions=_mappings(list_at(body, "status", "conditions")),
+        component_status=_mappings(list_at(body, "status", "componentStatus")),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Validating strictly
 
 
 class AppWrapperError(ValueError):
     """An AppWrapper body that does not match the v1beta2 schema."""
 
 
-# Timezone-aware on purpose: a naive datetime would silently mean "local time" and shift every
-# grace-period deadline by the host's UTC offset.
-KubeTime = Annotated[AwareDatetime, PlainSerializer(format_kube_time, return_type=str, when_used="json")]
-
-
 class _Wire(BaseModel):
+    # JSON names in camelCase, as shared.config's sections: a deliberate mirror of that base, not
+    # one base for both, because these keep the fields they do not know (an object written by a
+    # newer upstream passes through whole) where the configuration rejects them.
     model_config = ConfigDict(
         alias_generator=to_camel,
         validate_by_name=True,
@@ -57,20 +156,6 @@ class _Wire(BaseModel):
         serialize_by_alias=True,
         extra="allow",
     )
-
-
-class ObjectMeta(_Wire):
-    name: str = ""
-    generate_name: str = ""
-    namespace: str = ""
-    uid: str = ""
-    resource_version: str = ""
-    generation: int | None = None
-    creation_timestamp: KubeTime | None = None
-    deletion_timestamp: KubeTime | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
-    finalizers: list[str] = Field(default_factory=list)
 
 
 class PodSet(_Wire):
@@ -122,8 +207,8 @@ class AppWrapperComponent(_Wire):
     @classmethod
     def _template_is_a_resource(cls, value: dict[str, Any]) -> dict[str, Any]:
         for key in ("apiVersion", "kind"):
-            field = value.get(key)
-            if not isinstance(field, str) or not field:
+            found = value.get(key)
+            if not isinstance(found, str) or not found:
                 raise ValueError(f"the wrapped resource must have a non-empty string '{key}'")
         metadata = value.get("metadata", {})
         if not isinstance(metadata, Mapping):
@@ -145,79 +230,21 @@ class AppWrapperSpec(_Wire):
     managed_by: str | None = None
 
 
-class Condition(_Wire):
-    """metav1.Condition. ``last_transition_time`` changes only when ``status`` changes."""
-
-    type: str
-    status: ConditionStatus
-    last_transition_time: KubeTime
-    reason: str
-    message: str
-    observed_generation: int | None = None
-
-
-class ComponentStatus(_Wire):
-    name: str
-    kind: str
-    api_version: str
-    # The validated pod sets (declared or inferred) recorded when the AppWrapper was first seen.
-    pod_sets: list[PodSet]
-    conditions: list[Condition] = Field(default_factory=list)
-
-    def condition(self, ctype: ConditionType | str) -> Condition | None:
-        return _find_condition(self.conditions, ctype)
-
-
-class AppWrapperStatus(_Wire):
-    phase: Phase = Phase.EMPTY
-    # The number of times the AppWrapper entered Resetting (the docs' "retryCount").
-    resetting_count: int = 0
-    conditions: list[Condition] = Field(default_factory=list)
-    component_status: list[ComponentStatus] = Field(default_factory=list)
-
-    def condition(self, ctype: ConditionType | str) -> Condition | None:
-        return _find_condition(self.conditions, ctype)
-
-    def is_true(self, ctype: ConditionType | str) -> bool:
-        found = self.condition(ctype)
-        return found is not None and found.status == ConditionStatus.TRUE
-
-
 class AppWrapper(_Wire):
+    """A whole manifest, as :func:`parse_appwrapper` checks it: kind, apiVersion and spec.
+    Metadata and status are kept as they came (unchecked extra fields)."""
+
     api_version: str
     kind: str
-    metadata: ObjectMeta
     spec: AppWrapperSpec
-    status: AppWrapperStatus = Field(default_factory=AppWrapperStatus)
 
-    @field_validator("api_version")
+    @field_validator("api_version", "kind")
     @classmethod
-    def _known_api_version(cls, value: str) -> str:
-        if value != API_VERSION:
-            raise ValueError(f"expected '{API_VERSION}', got '{value}'")
+    def _known(cls, value: str, info: ValidationInfo) -> str:
+        expected = {"api_version": API_VERSION, "kind": KIND}[info.field_name or ""]
+        if value != expected:
+            raise ValueError(f"expected '{expected}', got '{value}'")
         return value
-
-    @field_validator("kind")
-    @classmethod
-    def _known_kind(cls, value: str) -> str:
-        if value != KIND:
-            raise ValueError(f"expected '{KIND}', got '{value}'")
-        return value
-
-    @property
-    def name(self) -> str:
-        return self.metadata.name
-
-    @property
-    def namespace(self) -> str:
-        return self.metadata.namespace
-
-
-def _find_condition(conditions: list[Condition], ctype: ConditionType | str) -> Condition | None:
-    for cond in conditions:
-        if cond.type == ctype:
-            return cond
-    return None
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
@@ -228,21 +255,19 @@ def _location(loc: tuple[int | str, ...]) -> str:
 
 
 def _describe(body: Mapping[str, Any]) -> str:
-    metadata = body.get("metadata")
-    if isinstance(metadata, Mapping):
-        name = metadata.get("name") or metadata.get("generateName")
-        namespace = metadata.get("namespace")
-        if isinstance(name, str) and name:
-            prefix = f"{namespace}/" if isinstance(namespace, str) and namespace else ""
-            return f"AppWrapper {prefix}{name}"
-    return "AppWrapper"
+    name = str_at(body, "metadata", "name") or str_at(body, "metadata", "generateName")
+    if not name:
+        return "AppWrapper"
+    namespace = str_at(body, "metadata", "namespace")
+    return f"AppWrapper {namespace}/{name}" if namespace else f"AppWrapper {name}"
 
 
 def parse_appwrapper(body: Mapping[str, Any]) -> AppWrapper:
-    """Validate a raw AppWrapper object (as returned by the API server or loaded from YAML).
+    """Check a whole AppWrapper manifest (as built, or loaded from YAML): kind, apiVersion and
+    every component.
 
     Raises :class:`AppWrapperError` whose message names every offending field by its JSON path,
-    e.g. ``AppWrapper team1/job: spec.components[0].podSets[0].path: Field required``.
+    e.g. ``AppWrapper team1/job is malformed: spec.components[0].podSets[0].path: Field required``.
     """
     if not isinstance(body, Mapping):
         raise AppWrapperError(f"an AppWrapper must be a JSON object, got {type(body).__name__}")
@@ -254,8 +279,3 @@ def parse_appwrapper(body: Mapping[str, Any]) -> AppWrapper:
             message = str(err["msg"]).removeprefix("Value error, ")
             problems.append(f"{_location(tuple(err['loc']))}: {message}")
         raise AppWrapperError(f"{_describe(body)} is malformed: " + "; ".join(problems)) from None
-
-
-def dump_appwrapper(appwrapper: AppWrapper) -> dict[str, Any]:
-    """The JSON body of an AppWrapper, with unset optional fields and empty collections omitted."""
-    return appwrapper.model_dump(mode="json", by_alias=True, exclude_defaults=True)

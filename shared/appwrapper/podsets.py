@@ -23,7 +23,14 @@ from shared.appwrapper.constants import (
     TAS_SUB_GROUP_COUNT_ANNOTATION,
     TAS_SUB_GROUP_INDEX_LABEL_ANNOTATION,
 )
-from shared.appwrapper.model import AppWrapperComponent, AppWrapperError, PodSet
+from shared.appwrapper.model import (
+    AppWrapperComponent,
+    AppWrapperError,
+    PodSet,
+    int_at,
+    list_at,
+    mapping_at,
+)
 
 __all__ = [
     "PodSetPathError",
@@ -142,29 +149,19 @@ def is_pod_template(value: Any) -> bool:
 # Inference
 
 
-def _int_at(obj: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
-    value: Any = obj
-    for key in keys:
-        if not isinstance(value, Mapping) or key not in value:
-            return None
-        value = value[key]
-    # bool is an int in Python but never a replica count.
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _job_pods(job_spec: Mapping[str, Any]) -> int:
     # Pods that run at once: parallelism (default 1), but never more than the completions asked
     # for. Without completions a Job is a work queue sized by parallelism alone.
-    replicas = _int_at(job_spec, ("parallelism",))
+    replicas = int_at(job_spec, "parallelism")
     replicas = 1 if replicas is None else replicas
-    completions = _int_at(job_spec, ("completions",))
+    completions = int_at(job_spec, "completions")
     if completions is not None and completions < replicas:
         replicas = completions
     return replicas
 
 
 def _replicas(obj: Mapping[str, Any], *keys: str) -> int:
-    found = _int_at(obj, keys)
+    found = int_at(obj, *keys)
     return 1 if found is None else found
 
 
@@ -177,10 +174,9 @@ def _infer_workload(template: Mapping[str, Any]) -> list[PodSet]:
 
 
 def _infer_job(template: Mapping[str, Any]) -> list[PodSet]:
-    spec = template.get("spec")
     return [
         PodSet(
-            replicas=_job_pods(spec if isinstance(spec, Mapping) else {}),
+            replicas=_job_pods(mapping_at(template, "spec")),
             path=f"{_ROOT}.spec.template",
             annotations={TAS_POD_INDEX_LABEL_ANNOTATION: JOB_COMPLETION_INDEX_ANNOTATION},
         )
@@ -189,11 +185,11 @@ def _infer_job(template: Mapping[str, Any]) -> list[PodSet]:
 
 def _infer_jobset(template: Mapping[str, Any]) -> list[PodSet]:
     pod_sets = []
-    for index, replicated in enumerate(_list_at(template, "spec", "replicatedJobs")):
+    for index, replicated in enumerate(list_at(template, "spec", "replicatedJobs")):
         if not isinstance(replicated, Mapping):
             continue
         jobs = _replicas(replicated, "replicas")
-        job_spec = _mapping_at(replicated, "template", "spec")
+        job_spec = mapping_at(replicated, "template", "spec")
         pod_sets.append(
             PodSet(
                 replicas=jobs * _job_pods(job_spec),
@@ -208,60 +204,42 @@ def _infer_jobset(template: Mapping[str, Any]) -> list[PodSet]:
     return pod_sets
 
 
+def _replica_spec(spec: Any, path: str, *, replicas: int | None = None) -> list[PodSet]:
+    """The pod set of a replica spec (``{replicas, template}``) at ``path``; none without a template."""
+    if not isinstance(spec, Mapping) or "template" not in spec:
+        return []
+    count = _replicas(spec, "replicas") if replicas is None else replicas
+    return [PodSet(replicas=count, path=f"{path}.template")]
+
+
 def _infer_pytorchjob(template: Mapping[str, Any]) -> list[PodSet]:
-    specs = _mapping_at(template, "spec", "pytorchReplicaSpecs")
-    pod_sets = []
+    specs = mapping_at(template, "spec", "pytorchReplicaSpecs")
     # Master before Worker, whatever the order in the object: Kueue pairs pod sets by position.
-    for role in ("Master", "Worker"):
-        spec = specs.get(role)
-        if isinstance(spec, Mapping) and "template" in spec:
-            pod_sets.append(
-                PodSet(
-                    replicas=_replicas(spec, "replicas"),
-                    path=f"{_ROOT}.spec.pytorchReplicaSpecs.{role}.template",
-                )
-            )
-    return pod_sets
+    return [
+        pod_set
+        for role in ("Master", "Worker")
+        for pod_set in _replica_spec(specs.get(role), f"{_ROOT}.spec.pytorchReplicaSpecs.{role}")
+    ]
 
 
 def _ray_cluster_pod_sets(cluster_spec: Mapping[str, Any], prefix: str) -> list[PodSet]:
-    pod_sets = []
-    head = cluster_spec.get("headGroupSpec")
-    if isinstance(head, Mapping) and "template" in head:
-        pod_sets.append(PodSet(replicas=1, path=f"{prefix}.headGroupSpec.template"))
-    workers = cluster_spec.get("workerGroupSpecs")
-    for index, group in enumerate(workers if isinstance(workers, list) else []):
-        if isinstance(group, Mapping) and "template" in group:
-            pod_sets.append(
-                PodSet(
-                    replicas=_replicas(group, "replicas"),
-                    path=f"{prefix}.workerGroupSpecs[{index}].template",
-                )
-            )
-    return pod_sets
+    head = _replica_spec(cluster_spec.get("headGroupSpec"), f"{prefix}.headGroupSpec", replicas=1)
+    workers = list_at(cluster_spec, "workerGroupSpecs")
+    return head + [
+        pod_set
+        for index, group in enumerate(workers)
+        for pod_set in _replica_spec(group, f"{prefix}.workerGroupSpecs[{index}]")
+    ]
 
 
 def _infer_raycluster(template: Mapping[str, Any]) -> list[PodSet]:
-    return _ray_cluster_pod_sets(_mapping_at(template, "spec"), f"{_ROOT}.spec")
+    return _ray_cluster_pod_sets(mapping_at(template, "spec"), f"{_ROOT}.spec")
 
 
 def _infer_rayjob(template: Mapping[str, Any]) -> list[PodSet]:
     return _ray_cluster_pod_sets(
-        _mapping_at(template, "spec", "rayClusterSpec"), f"{_ROOT}.spec.rayClusterSpec"
+        mapping_at(template, "spec", "rayClusterSpec"), f"{_ROOT}.spec.rayClusterSpec"
     )
-
-
-def _mapping_at(obj: Mapping[str, Any], *keys: str) -> Mapping[str, Any]:
-    value: Any = obj
-    for key in keys:
-        value = value.get(key) if isinstance(value, Mapping) else None
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list_at(obj: Mapping[str, Any], *keys: str) -> list[Any]:
-    parent = _mapping_at(obj, *keys[:-1])
-    value = parent.get(keys[-1])
-    return value if isinstance(value, list) else []
 
 
 _Inferrer = Callable[[Mapping[str, Any]], list[PodSet]]
@@ -335,17 +313,16 @@ def expected_pod_count(appwrapper_body: Mapping[str, Any]) -> int:
     validated when the AppWrapper was first seen, and the spec cannot change afterwards), and
     otherwise those of ``spec.components``. A pod set without replicas counts as one pod.
     """
-    status = appwrapper_body.get("status")
-    recorded = status.get("componentStatus") if isinstance(status, Mapping) else None
-    if isinstance(recorded, list) and recorded:
+    recorded = list_at(appwrapper_body, "status", "componentStatus")
+    if recorded:
         return sum(
             _as_pod_set(pod_set).count
             for entry in recorded
             if isinstance(entry, Mapping)
             for pod_set in (entry.get("podSets") or [])
         )
-    spec = appwrapper_body.get("spec")
-    components = spec.get("components") if isinstance(spec, Mapping) else None
+    # Not list_at: components that are not a list are an error to report, not zero pods.
+    components = mapping_at(appwrapper_body, "spec").get("components")
     return sum(pod_set.count for component in (components or []) for pod_set in component_pod_sets(component))
 
 

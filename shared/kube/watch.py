@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from tenacity import RetryCallState, Retrying, wait_exponential, wait_random_exponential
 
 from shared.kube.client import Kube, KubeApiError, ResourceRef
 
@@ -56,18 +57,32 @@ def _key(obj: dict[str, Any]) -> tuple[str, str]:
 
 
 class Backoff:
-    """Capped exponential backoff with full jitter; reset after a healthy period."""
+    """Capped exponential backoff for loops that retry for ever and start over once healthy.
+
+    The delays are tenacity's: half of each is fixed and half random (between ``d/2`` and ``d``,
+    ``d = min(cap, base * 2**attempt)``), so a retry is never immediate and many clients do not
+    retry in step. tenacity's own retry loop does not fit here: the watch yields events between
+    failures, and a healthy stretch (:meth:`reset`) starts the delays over.
+    """
 
     def __init__(self, base: float = 0.2, cap: float = 10.0) -> None:
-        self.base, self.cap, self.attempt = base, cap, 0
+        self._wait = wait_exponential(multiplier=base / 2, max=cap / 2) + wait_random_exponential(
+            multiplier=base / 2, max=cap / 2
+        )
+        self._state = RetryCallState(Retrying(), fn=None, args=(), kwargs={})
+
+    @property
+    def attempt(self) -> int:
+        """How many delays have been handed out since the last reset."""
+        return self._state.attempt_number - 1
 
     def next(self) -> float:
-        delay = min(self.cap, self.base * (2**self.attempt))
-        self.attempt += 1
-        return random.uniform(delay / 2, delay)
+        delay = float(self._wait(self._state))
+        self._state.attempt_number += 1
+        return delay
 
     def reset(self) -> None:
-        self.attempt = 0
+        self._state.attempt_number = 1
 
 
 async def list_then_watch(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
 from respawn.testbed.services import ServiceProcess, spawn_service
 from shared.appwrapper.constants import CRD_NAME
+from tests.waiting import until_sync
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO / "deploy" / "crd"
@@ -24,11 +24,12 @@ def appwrapper_crd(testbed: Endpoints) -> Path:
     """The AppWrapper CRD, installed once per session and served before tests use it."""
     kubectl(testbed.kubeconfig, "apply", "--server-side", "--force-conflicts", "-k", str(CRD_DIR))
     kubectl(testbed.kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
-    deadline = time.monotonic() + 60
-    while kubectl(testbed.kubeconfig, "get", "appwrappers", "-A", check=False).returncode != 0:
-        if time.monotonic() > deadline:
-            raise AssertionError("AppWrapper CRD not served after 60s")
-        time.sleep(0.2)
+    until_sync(
+        "the AppWrapper CRD to be served",
+        lambda: kubectl(testbed.kubeconfig, "get", "appwrappers", "-A", check=False),
+        done=lambda proc: proc.returncode == 0,
+        within=60,
+    )
     return testbed.kubeconfig
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -11,17 +9,21 @@ import nats
 from nats.js.errors import NotFoundError
 
 from shared.messages import Message, decode
+from tests.waiting import until
 
 M = TypeVar("M", bound=Message)
 
 
 class Observer:
-    def __init__(self, url: str) -> None:
+    """A NATS connection to ``url``; ``options`` go to ``nats.connect`` (a user, say)."""
+
+    def __init__(self, url: str, **options: Any) -> None:
         self.url = url
+        self.options = options
         self.nc: Any = None
 
     async def __aenter__(self) -> Observer:
-        self.nc = await nats.connect(self.url)
+        self.nc = await nats.connect(self.url, **self.options)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -37,14 +39,15 @@ class Observer:
     async def wait_last(
         self, stream: str, subject: str, cls: type[M], check: Callable[[M], bool], *, within: float = 30
     ) -> M:
-        deadline = time.monotonic() + within
-        seen: M | None = None
-        while time.monotonic() < deadline:
-            seen = await self.last(stream, subject, cls)
-            if seen is not None and check(seen):
-                return seen
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"timed out after {within}s waiting on {subject}; last message: {seen!r}")
+        """The last message on ``subject`` once it passes ``check``."""
+        found: M = await until(
+            f"a message on {subject} that passes the check",
+            lambda: self.last(stream, subject, cls),
+            done=lambda seen: seen is not None and check(seen),
+            within=within,
+            every=0.1,
+        )
+        return found
 
     async def all(self, stream: str, subject_filter: str, cls: type[M]) -> list[M]:
         """Every message currently stored for ``subject_filter`` (ordered, oldest first)."""
@@ -54,7 +57,8 @@ class Observer:
         try:
             while True:
                 try:
-                    msg = await sub.next_msg(timeout=0.5)
+                    # Stored messages come at once; a second without one means none is left.
+                    msg = await sub.next_msg(timeout=1.0)
                 except TimeoutError:
                     return out
                 out.append(decode(cls, msg.data))

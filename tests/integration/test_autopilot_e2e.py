@@ -7,59 +7,59 @@ cleared node verdict, so no later test inherits an unhealthy node.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from respawn.testbed import manifests, sim
-from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
 from shared import subjects
+from shared.appwrapper.model import read_appwrapper
 from shared.messages import LifecycleEvent, NodeVerdict
 from tests.integration.conftest import ServiceFactory
+from tests.integration.objects import (
+    FAST_RESET,
+    apply,
+    events_of,
+    get_appwrapper,
+    running_pods,
+    wait_phase,
+)
 from tests.integration.observe import Observer
 from tests.waiting import until
 
 pytestmark = pytest.mark.testbed
 
-GPU = "nvidia.com/gpu"
+GPU = manifests.GPU
 HEALTH_LABEL = "autopilot.ibm.com/gpuhealth"
 EXCLUDED = "respawn.dev/excluded-nodes"
 
 
 def appwrapper(name: str, *, gpus: int, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    fast = {
-        "workload.codeflare.dev.appwrapper/failureGracePeriodDuration": "0s",
-        "workload.codeflare.dev.appwrapper/retryPausePeriodDuration": "1s",
-    }
-    return manifests.job_appwrapper(name, gpus=gpus, annotations={**fast, **(annotations or {})})
+    return manifests.job_appwrapper(name, gpus=gpus, annotations={**FAST_RESET, **(annotations or {})})
 
 
 def get(kc: Path, *args: str) -> Any:
     return sim.get_json(kc, *args)
 
 
-async def poll(check: Callable[[], Any], *, within: float = 60, what: str) -> Any:
-    return await until(what, check, within=within)
+async def recreated(kc: Path, namespace: str, name: str, old: dict[str, Any]) -> dict[str, Any]:
+    """A running pod of the AppWrapper ``name`` other than ``old``."""
+    others = await until(
+        "the recreated pod running",
+        lambda: [
+            p for p in running_pods(kc, namespace, name) if p["metadata"]["uid"] != old["metadata"]["uid"]
+        ],
+        within=60,
+    )
+    return others[0]
 
 
-def running_pods(kc: Path, namespace: str, aw: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = get(
-        kc, "pods", "-n", namespace, "-l", f"workload.codeflare.dev/appwrapper={aw}"
-    )["items"]
-    return [
-        p
-        for p in items
-        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-    ]
-
-
-def status(kc: Path, namespace: str, name: str) -> dict[str, Any]:
-    result: dict[str, Any] = get(kc, "appwrapper", name, "-n", namespace).get("status", {})
-    return result
+async def running(kc: Path, namespace: str, name: str) -> dict[str, Any]:
+    """The AppWrapper once it is Running."""
+    return await wait_phase(kc, namespace, name, "Running", within=60)
 
 
 @pytest.fixture
@@ -91,10 +91,10 @@ async def test_gpu_pods_get_anti_affinity_and_others_do_not(
     testbed: Endpoints, appwrapper_crd: Path, namespace: str, all_services: None
 ) -> None:
     kc = testbed.kubeconfig
-    kubectl(kc, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(appwrapper("gpu", gpus=1)))
-    kubectl(kc, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(appwrapper("cpu", gpus=0)))
-    gpu_pod = (await poll(lambda: running_pods(kc, namespace, "gpu"), what="the GPU pod running"))[0]
-    cpu_pod = (await poll(lambda: running_pods(kc, namespace, "cpu"), what="the CPU pod running"))[0]
+    apply(kc, namespace, appwrapper("gpu", gpus=1))
+    apply(kc, namespace, appwrapper("cpu", gpus=0))
+    gpu_pod = (await until("the GPU pod running", lambda: running_pods(kc, namespace, "gpu"), within=60))[0]
+    cpu_pod = (await until("the CPU pod running", lambda: running_pods(kc, namespace, "cpu"), within=60))[0]
     terms = gpu_pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     expressions = [e for t in terms["nodeSelectorTerms"] for e in t.get("matchExpressions", [])]
     assert {"key": HEALTH_LABEL, "operator": "NotIn", "values": ["TESTING", "EVICT"]} in expressions
@@ -106,10 +106,10 @@ async def test_evict_label_migrates_without_counting_and_new_pods_avoid_the_node
 ) -> None:
     kc = testbed.kubeconfig
     # 8 GPUs: the pod fills a whole node, so "avoids the node" is about placement, not luck.
-    kubectl(kc, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(appwrapper("mig", gpus=8)))
-    pod = (await poll(lambda: running_pods(kc, namespace, "mig"), what="the pod running"))[0]
+    apply(kc, namespace, appwrapper("mig", gpus=8))
+    pod = (await until("the pod running", lambda: running_pods(kc, namespace, "mig"), within=60))[0]
     node = pod["spec"]["nodeName"]
-    await poll(lambda: status(kc, namespace, "mig").get("phase") == "Running", what="AppWrapper Running")
+    await running(kc, namespace, "mig")
     node_labels.append(node)
     try:
         sim.label_node(kc, node, HEALTH_LABEL, "EVICT")
@@ -123,23 +123,11 @@ async def test_evict_label_migrates_without_counting_and_new_pods_avoid_the_node
             )
         assert event.reason == "AutopilotNoExecute"
         assert node in event.nodes
-        new = (
-            await poll(
-                lambda: [
-                    p
-                    for p in running_pods(kc, namespace, "mig")
-                    if p["metadata"]["uid"] != pod["metadata"]["uid"]
-                ],
-                what="the recreated pod running",
-            )
-        )[0]
+        new = await recreated(kc, namespace, "mig", pod)
         assert new["spec"]["nodeName"] != node
-        final = await poll(
-            lambda: (s := status(kc, namespace, "mig")).get("phase") == "Running" and s, what="Running again"
-        )
-        assert final.get("resettingCount", 0) == 0, "an Autopilot migration does not count as a retry"
-        unhealthy = next(c for c in final["conditions"] if c["type"] == "Unhealthy")
-        assert unhealthy["status"] == "False"
+        final = read_appwrapper(await running(kc, namespace, "mig"))
+        assert final.resetting_count == 0, "an Autopilot migration does not count as a retry"
+        assert final.condition("Unhealthy")["status"] == "False"
     finally:
         sim.label_node(kc, node, HEALTH_LABEL, None)
         await wait_node_cleared(testbed.nats_url, [node])
@@ -149,35 +137,26 @@ async def test_failed_pod_node_is_excluded_on_retry(
     testbed: Endpoints, appwrapper_crd: Path, namespace: str, all_services: None
 ) -> None:
     kc = testbed.kubeconfig
-    kubectl(kc, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(appwrapper("ex", gpus=8)))
-    kubectl(
-        kc,
-        "apply",
-        "-n",
-        namespace,
-        "-f",
-        "-",
-        stdin=json.dumps(appwrapper("optout", gpus=0, annotations={"respawn.dev/node-exclusion": "false"})),
-    )
-    pod = (await poll(lambda: running_pods(kc, namespace, "ex"), what="the pod running"))[0]
-    optout_pod = (await poll(lambda: running_pods(kc, namespace, "optout"), what="the opt-out pod running"))[
-        0
-    ]
-    await poll(lambda: status(kc, namespace, "ex").get("phase") == "Running", what="Running")
-    await poll(lambda: status(kc, namespace, "optout").get("phase") == "Running", what="Running")
+    apply(kc, namespace, appwrapper("ex", gpus=8))
+    opted_out = {"respawn.dev/node-exclusion": "false"}
+    apply(kc, namespace, appwrapper("optout", gpus=0, annotations=opted_out))
+    pod = (await until("the pod running", lambda: running_pods(kc, namespace, "ex"), within=60))[0]
+    optout_pod = (
+        await until("the opt-out pod running", lambda: running_pods(kc, namespace, "optout"), within=60)
+    )[0]
+    await running(kc, namespace, "ex")
+    await running(kc, namespace, "optout")
     sim.fail_pod(kc, namespace, pod["metadata"]["name"], exit_code=1)
     sim.fail_pod(kc, namespace, optout_pod["metadata"]["name"], exit_code=1)
-    await poll(lambda: status(kc, namespace, "ex").get("resettingCount") == 1, what="one reset")
+    await until(
+        "one reset",
+        lambda: get_appwrapper(kc, namespace, "ex"),
+        done=lambda aw: read_appwrapper(aw).resetting_count == 1,
+        within=60,
+    )
     annotations = get(kc, "appwrapper", "ex", "-n", namespace)["metadata"]["annotations"]
     assert annotations[EXCLUDED] == pod["spec"]["nodeName"]
-    new = (
-        await poll(
-            lambda: [
-                p for p in running_pods(kc, namespace, "ex") if p["metadata"]["uid"] != pod["metadata"]["uid"]
-            ],
-            what="the recreated pod running",
-        )
-    )[0]
+    new = await recreated(kc, namespace, "ex", pod)
     assert new["spec"]["nodeName"] != pod["spec"]["nodeName"]
     fields = [
         f
@@ -187,8 +166,13 @@ async def test_failed_pod_node_is_excluded_on_retry(
         for f in t.get("matchFields", [])
     ]
     assert {"key": "metadata.name", "operator": "NotIn", "values": [pod["spec"]["nodeName"]]} in fields
-    events = get(kc, "events", "-n", namespace, "--field-selector", "involvedObject.name=ex")["items"]
+    events = events_of(kc, namespace, "ex")
     assert any(e["reason"] == "NodesExcluded" for e in events)
 
-    await poll(lambda: status(kc, namespace, "optout").get("resettingCount") == 1, what="opt-out reset")
+    await until(
+        "opt-out reset",
+        lambda: get_appwrapper(kc, namespace, "optout"),
+        done=lambda aw: read_appwrapper(aw).resetting_count == 1,
+        within=60,
+    )
     assert EXCLUDED not in get(kc, "appwrapper", "optout", "-n", namespace)["metadata"].get("annotations", {})

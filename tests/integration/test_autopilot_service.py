@@ -7,9 +7,7 @@ these tests only assert on the node they label, and always remove the label afte
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from shared import subjects
 from shared.messages import NodeObservation, NodeVerdict
 from tests.integration.conftest import ServiceFactory
 from tests.integration.observe import Observer
+from tests.waiting import until
 
 pytestmark = pytest.mark.testbed
 
@@ -178,9 +177,12 @@ async def test_replicas_store_each_change_once(
         await label(obs, kc, node, "EVICT")
         await obs.wait_last(NODE_VERDICTS, VERDICT, NodeVerdict, is_(node, "NoExecute"))
         # Each replica moves its gauge only after its own publish returned.
-        deadline = time.monotonic() + 30
-        while [gauge(sp, "NoExecute") for sp in replicas] != [n + 1 for n in no_execute]:
-            assert time.monotonic() < deadline, "a replica did not take the change in within 30s"
-            await asyncio.sleep(0.1)
+        await until(
+            "every replica to take the change in",
+            lambda: [gauge(sp, "NoExecute") for sp in replicas],
+            done=lambda counts: counts == [n + 1 for n in no_execute],
+            within=30,
+            every=0.1,
+        )
         after = (await js.stream_info(NODE_VERDICTS)).state.last_seq
         assert after - before == 1, f"{after - before} verdicts stored for one change"

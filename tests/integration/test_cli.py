@@ -9,36 +9,28 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 
-from respawn.testbed import sim
-from respawn.testbed.cluster import kubectl
+from respawn.testbed import manifests, sim
 from respawn.testbed.modes import Endpoints
 from respawn.testbed.ports import free_port
-from shared.appwrapper.params import (
-    FAILURE_GRACE_PERIOD_ANNOTATION,
-    RETRY_LIMIT_ANNOTATION,
-    RETRY_PAUSE_PERIOD_ANNOTATION,
-)
+from shared.appwrapper.model import read_appwrapper
+from shared.appwrapper.params import RETRY_LIMIT_ANNOTATION
+from tests.integration.cli import RESPAWN, respawn
 from tests.integration.conftest import ServiceFactory
-from tests.waiting import until_sync
+from tests.integration.objects import FAST_RESET, apply, running_pods, wait_phase
+from tests.waiting import until
 
 pytestmark = pytest.mark.testbed
 
 REPO = Path(__file__).resolve().parents[2]
-T = TypeVar("T")
-
-
-def until(what: str, check: Callable[[], T], *, within: float = 60, every: float = 0.25) -> T:
-    return until_sync(what, check, within=within, every=every)
 
 
 def cli_env(testbed: Endpoints, **overrides: str | None) -> dict[str, str]:
@@ -49,18 +41,6 @@ def cli_env(testbed: Endpoints, **overrides: str | None) -> dict[str, str]:
         else:
             env[key] = value
     return env
-
-
-def respawn(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "respawn.cli.main", *args],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def ok(proc: subprocess.CompletedProcess[str]) -> str:
@@ -77,58 +57,13 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def get_appwrapper(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any]:
-    body: dict[str, Any] = sim.get_json(kubeconfig, "appwrapper", name, "-n", namespace)
-    return body
-
-
 def failing_once(name: str) -> dict[str, Any]:
     """An AppWrapper around one Job; its pod succeeds after 3s unless the test fails it first."""
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": {
-            "name": name,
-            "annotations": {
-                FAILURE_GRACE_PERIOD_ANNOTATION: "0s",
-                RETRY_PAUSE_PERIOD_ANNOTATION: "1s",
-                RETRY_LIMIT_ANNOTATION: "2",
-            },
-        },
-        "spec": {
-            "components": [
-                {
-                    "template": {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "metadata": {"name": f"{name}-job"},
-                        "spec": {
-                            "backoffLimit": 0,
-                            "template": {
-                                "metadata": {"annotations": {sim.SUCCEED_AFTER: "3s"}},
-                                "spec": {
-                                    "restartPolicy": "Never",
-                                    "containers": [{"name": "main", "image": "busybox"}],
-                                },
-                            },
-                        },
-                    }
-                }
-            ]
-        },
-    }
-
-
-def running_pod(kubeconfig: Path, namespace: str, appwrapper: str) -> dict[str, Any] | None:
-    pods = sim.get_json(
-        kubeconfig, "pods", "-n", namespace, "-l", f"workload.codeflare.dev/appwrapper={appwrapper}"
-    )["items"]
-    running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
-    return running[0] if running else None
-
-
-def phase_of(kubeconfig: Path, namespace: str, name: str) -> str:
-    return str((get_appwrapper(kubeconfig, namespace, name).get("status") or {}).get("phase") or "")
+    return manifests.job_appwrapper(
+        name,
+        pod_annotations={sim.SUCCEED_AFTER: "3s"},
+        annotations={**FAST_RESET, RETRY_LIMIT_ANNOTATION: "2"},
+    )
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:
@@ -145,7 +80,7 @@ def follower(testbed: Endpoints, tmp_path: Path) -> Iterator[Callable[..., Path]
         with out.open("wb") as sink:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "respawn.cli.main", "tail", *args],
+                    [*RESPAWN, "tail", *args],
                     env=cli_env(testbed),
                     cwd=REPO,
                     stdout=sink,
@@ -164,7 +99,7 @@ def follower(testbed: Endpoints, tmp_path: Path) -> Iterator[Callable[..., Path]
             proc.wait()
 
 
-def test_status_tail_and_explain_tell_the_story_of_a_pod_that_failed_once(
+async def test_status_tail_and_explain_tell_the_story_of_a_pod_that_failed_once(
     testbed: Endpoints,
     appwrapper_crd: Path,
     namespace: str,
@@ -180,32 +115,32 @@ def test_status_tail_and_explain_tell_the_story_of_a_pod_that_failed_once(
     # A follower started before anything happens sees the verdicts as they are published.
     followed = follower("verdicts", "--namespace", namespace, "--json")
 
-    kubectl(kc, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(failing_once("once")))
-    until("the AppWrapper to run", lambda: phase_of(kc, namespace, "once") == "Running")
-    pod = until("a running pod", lambda: running_pod(kc, namespace, "once"))
+    apply(kc, namespace, failing_once("once"))
+    await wait_phase(kc, namespace, "once", "Running", within=60)
+    pod = (await until("a running pod", lambda: running_pods(kc, namespace, "once"), within=60))[0]
     pod_name, node = pod["metadata"]["name"], pod["spec"]["nodeName"]
     sim.fail_pod(kc, namespace, pod_name, exit_code=3)
-    until("the AppWrapper to succeed after one reset", lambda: phase_of(kc, namespace, "once") == "Succeeded")
-    assert get_appwrapper(kc, namespace, "once")["status"]["resettingCount"] == 1
+    done = await wait_phase(kc, namespace, "once", "Succeeded", within=60)
+    assert read_appwrapper(done).resetting_count == 1
 
     # ---- status
-    doc = json.loads(ok(respawn(env, "status", "-n", namespace, "-o", "json")))
+    doc = json.loads(ok(respawn("status", "-n", namespace, "-o", "json", env=env)))
     assert doc["version"] == "respawn.cli/v1"
     [row] = doc["appwrappers"]
     assert (row["namespace"], row["name"], row["phase"]) == (namespace, "once", "Succeeded")
     assert (row["resettingCount"], row["retryLimit"]) == (1, 2)  # the limit from the annotation
     assert row["unhealthyReason"] == ""  # the reset cleared it
     assert row["lastTransitionTime"] and 0 <= row["lastTransitionAgeSeconds"] < 300
-    table = ok(respawn(env, "status", "-n", namespace))
+    table = ok(respawn("status", "-n", namespace, env=env))
     [line] = [line for line in table.splitlines() if " once " in f" {line} "]
     assert line.split()[:5] == [namespace, "once", "Succeeded", "1/2", "-"]
     # One AppWrapper by name: the same row (its age moves on).
-    [one] = json.loads(ok(respawn(env, "status", "-n", namespace, "once", "-o", "json")))["appwrappers"]
+    [one] = json.loads(ok(respawn("status", "-n", namespace, "once", "-o", "json", env=env)))["appwrappers"]
     assert {**one, "lastTransitionAgeSeconds": 0} == {**row, "lastTransitionAgeSeconds": 0}
 
     # ---- tail
     records = json_lines(
-        ok(respawn(env, "tail", "verdicts", "--no-follow", "--namespace", namespace, "--json"))
+        ok(respawn("tail", "verdicts", "--no-follow", "--namespace", namespace, "--json", env=env))
     )
     assert records and all(r["version"] == "respawn.cli/v1" for r in records)
     assert all(r["stream"] == "RESPAWN_VERDICTS" and r["kind"] == "verdict" for r in records)
@@ -218,34 +153,41 @@ def test_status_tail_and_explain_tell_the_story_of_a_pod_that_failed_once(
     assert all(r["traceId"] for r in records)  # tracing is on in the services: every verdict has one
     # From a stream sequence: only what follows it.
     tail_from = json_lines(
-        ok(respawn(env, "tail", "verdicts", "--no-follow", "-n", namespace, "--json", "--seq", str(seqs[-1])))
+        ok(
+            respawn(
+                "tail", "verdicts", "--no-follow", "-n", namespace, "--json", "--seq", str(seqs[-1]), env=env
+            )
+        )
     )
     assert [r["seq"] for r in tail_from] == [seqs[-1]]
     # From a time: an hour back covers everything, a time after the last verdict nothing.
-    since = ok(respawn(env, "tail", "verdicts", "--no-follow", "-n", namespace, "--json", "--since", "1h"))
+    since = ok(
+        respawn("tail", "verdicts", "--no-follow", "-n", namespace, "--json", "--since", "1h", env=env)
+    )
     assert [r["seq"] for r in json_lines(since)] == seqs
     later = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    future = ok(respawn(env, "tail", "verdicts", "--no-follow", "-n", namespace, "--since", later))
+    future = ok(respawn("tail", "verdicts", "--no-follow", "-n", namespace, "--since", later, env=env))
     assert future == ""
     # The lifecycle stream, as readable lines.
-    lines = ok(respawn(env, "tail", "lifecycle", "--no-follow", "-n", namespace)).splitlines()
+    lines = ok(respawn("tail", "lifecycle", "--no-follow", "-n", namespace, env=env)).splitlines()
     assert any(f"{namespace}/once  ResetStarted" in line and "FoundFailedPods" in line for line in lines)
     assert any("PhaseChanged Resuming->Running" in line and "attempt=1" in line for line in lines)
     assert any("PhaseChanged Running->Succeeded" in line for line in lines)
     # The follower printed the same verdicts while they happened.
-    until(
+    await until(
         "the following tail to print every verdict",
-        lambda: [r["seq"] for r in json_lines(followed.read_text())] == seqs,
+        lambda: [r["seq"] for r in json_lines(followed.read_text())],
+        done=lambda printed: printed == seqs,
         within=20,
     )
 
     # ---- explain
-    text = ok(respawn(env, "explain", f"{namespace}/once"))
+    text = ok(respawn("explain", f"{namespace}/once", env=env))
     assert text.splitlines()[0] == f"AppWrapper {namespace}/once: Succeeded, 1 reset"
     assert f"pod {pod_name} on {node}: deleted after Failed; main exited 3 (Error)" in text
     assert f"1. FoundFailedPods on {node}" in text
     assert "running again +" in text and "outcome: recovered (reset to attempt 1)" in text
-    explained = json.loads(ok(respawn(env, "explain", f"{namespace}/once", "--json")))
+    explained = json.loads(ok(respawn("explain", f"{namespace}/once", "--json", env=env)))
     assert explained["version"] == "respawn.cli/v1"
     [incident] = explained["incidents"]
     assert (incident["reason"], incident["outcome"], incident["attempt"]) == (
@@ -269,7 +211,7 @@ def test_status_tail_and_explain_tell_the_story_of_a_pod_that_failed_once(
     assert trace_ids and set(incident["traceIds"]) <= set(trace_ids)
     tail_of_text = text.split("\nTraces\n", 1)[1].splitlines()
     assert [line.split()[0] for line in tail_of_text] == trace_ids
-    exported = until(
+    exported = await until(
         "the services to export the incident's spans",
         lambda: all(
             any(f"0x{tid}" in path.read_text() for path in traces.values() if path.exists())
@@ -290,14 +232,14 @@ def test_no_cluster_is_one_error_line(testbed: Endpoints, tmp_path: Path) -> Non
         cluster["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
     dead = tmp_path / "dead-kubeconfig"
     dead.write_text(yaml.safe_dump(config))
-    line = one_error_line(respawn(cli_env(testbed, KUBECONFIG=str(dead)), "status"))
+    line = one_error_line(respawn("status", env=cli_env(testbed, KUBECONFIG=str(dead))))
     assert "cannot reach the Kubernetes API server at https://127.0.0.1:" in line
     # A kubeconfig that does not exist, and none at all.
-    line = one_error_line(respawn(cli_env(testbed, KUBECONFIG=str(tmp_path / "missing")), "status"))
+    line = one_error_line(respawn("status", env=cli_env(testbed, KUBECONFIG=str(tmp_path / "missing"))))
     assert "does not exist" in line
     env = cli_env(testbed, KUBECONFIG=None, HOME=str(tmp_path), KUBERNETES_SERVICE_HOST=None)
     assert (
-        one_error_line(respawn(env, "status"))
+        one_error_line(respawn("status", env=env))
         == "error: no cluster configured: set KUBECONFIG or pass --kubeconfig"
     )
 
@@ -306,11 +248,11 @@ def test_no_nats_is_one_error_line_within_the_connect_deadline(testbed: Endpoint
     dead = cli_env(testbed, NATS_URL=f"nats://127.0.0.1:{free_port()}")
     for args in (("tail", "verdicts", "--no-follow"), ("tail", "lifecycle"), ("explain", "default/x")):
         started = time.monotonic()
-        line = one_error_line(respawn(dead, *args, timeout=30))
+        line = one_error_line(respawn(*args, timeout=30, env=dead))
         assert "NATS at nats://127.0.0.1:" in line, line
         assert time.monotonic() - started < 15
     unset = cli_env(testbed, NATS_URL=None)
-    assert one_error_line(respawn(unset, "tail", "verdicts")) == (
+    assert one_error_line(respawn("tail", "verdicts", env=unset)) == (
         "error: NATS_URL is not set; pass --nats-url or set NATS_URL"
     )
 
@@ -320,9 +262,9 @@ def test_unknown_appwrapper_is_one_error_line(
 ) -> None:
     service("watcher")  # so that the streams exist, as on any cluster Respawn runs on
     env = cli_env(testbed)
-    line = one_error_line(respawn(env, "status", "-n", namespace, "nope"))
+    line = one_error_line(respawn("status", "-n", namespace, "nope", env=env))
     assert line == f"error: AppWrapper {namespace}/nope not found"
-    line = one_error_line(respawn(env, "explain", f"{namespace}/nope"))
+    line = one_error_line(respawn("explain", f"{namespace}/nope", env=env))
     assert line.startswith(f"error: unknown AppWrapper {namespace}/nope")
     # An empty namespace is not an error for a listing.
-    assert json.loads(ok(respawn(env, "status", "-n", namespace, "-o", "json")))["appwrappers"] == []
+    assert json.loads(ok(respawn("status", "-n", namespace, "-o", "json", env=env)))["appwrappers"] == []

@@ -9,8 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
-import time
-from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,43 +17,14 @@ import pytest
 import yaml
 
 from respawn.testbed.cluster import kubectl
+from respawn.testbed.manifests import appwrapper, component, condition, job, pod, pytorchjob
 from shared.appwrapper.constants import CRD_NAME, MAX_POD_SETS
-from shared.appwrapper.model import parse_appwrapper
+from shared.appwrapper.model import parse_appwrapper, read_appwrapper
 from shared.appwrapper.podsets import validate_appwrapper_pod_sets
+from tests import mlbatch
+from tests.waiting import until_sync
 
 pytestmark = pytest.mark.testbed
-
-REPO = Path(__file__).resolve().parents[2]
-CRD_DIR = REPO / "deploy" / "crd"
-MLBATCH_USAGE = Path("/work/shared/reference/mlbatch-usage.txt")
-
-
-def mlbatch_appwrapper_samples() -> list[str]:
-    """The AppWrapper YAML documents embedded in the MLBatch usage guide, as written there.
-
-    The guide is prose with YAML blocks; a block starts at a top-level ``apiVersion:`` line and
-    ends at the first blank line.
-    """
-    if not MLBATCH_USAGE.exists():
-        return []
-    samples: list[str] = []
-    block: list[str] | None = None
-    for line in [*MLBATCH_USAGE.read_text().splitlines(), ""]:
-        if block is None:
-            if line.startswith("apiVersion:"):
-                block = [line]
-        elif line.strip():
-            block.append(line)
-        else:
-            text = "\n".join(block) + "\n"
-            block = None
-            doc = yaml.safe_load(text)
-            if isinstance(doc, dict) and doc.get("kind") == "AppWrapper":
-                samples.append(text)
-    return samples
-
-
-SAMPLES = mlbatch_appwrapper_samples()
 
 
 def _run(kubeconfig: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -67,42 +37,6 @@ def _dry_run_create(
     return _run(kubeconfig, "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=json.dumps(body))
 
 
-def _pod(name: str, namespace: str | None = None) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name}
-    if namespace is not None:
-        metadata["namespace"] = namespace
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": metadata,
-        "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]},
-    }
-
-
-def _job(name: str, parallelism: int = 1) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name},
-        "spec": {
-            "parallelism": parallelism,
-            "completions": parallelism,
-            "template": {
-                "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}
-            },
-        },
-    }
-
-
-def _appwrapper(name: str, *components: dict[str, Any], **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": {"name": name},
-        "spec": {"components": list(components), **spec},
-    }
-
-
 def _rejection_text(proc: subprocess.CompletedProcess[str]) -> str:
     assert proc.returncode != 0, f"expected a rejection, but kubectl succeeded: {proc.stdout}"
     # kubectl folds long messages onto several lines.
@@ -110,24 +44,17 @@ def _rejection_text(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def crd(testbed: Any) -> Iterator[Path]:
-    kubeconfig: Path = testbed.kubeconfig
-    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-k", str(CRD_DIR))
-    kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
-    # The API server serves the new kind, and enforces the new admission policy, only once its
-    # informers have seen them: poll until both are in effect rather than sleeping.
-    probe = _appwrapper("policy-probe", {"template": _pod("p", namespace="kube-system")})
-    deadline = time.monotonic() + 60
-    while True:
-        proc = _dry_run_create(kubeconfig, "default", probe)
-        if proc.returncode != 0 and "other namespaces" in proc.stderr:
-            break
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"CRD and namespace policy not in effect after 60s: {proc.stderr or proc.stdout}"
-            )
-        time.sleep(0.5)
-    yield kubeconfig
+def crd(appwrapper_crd: Path) -> Path:
+    """The CRD served and the admission policy beside it enforced (the API server enforces a new
+    policy only once its informers have seen it: polled, not slept on)."""
+    probe = appwrapper("policy-probe", component(pod("p", namespace="kube-system")))
+    until_sync(
+        "the CRD's namespace policy to be in effect",
+        lambda: _dry_run_create(appwrapper_crd, "default", probe),
+        done=lambda proc: proc.returncode != 0 and "other namespaces" in proc.stderr,
+        every=0.5,
+    )
+    return appwrapper_crd
 
 
 def test_crd_has_the_upstream_names_and_shape(crd: Path) -> None:
@@ -147,13 +74,13 @@ def test_crd_has_the_upstream_names_and_shape(crd: Path) -> None:
 
 def test_the_usage_guide_has_appwrapper_samples() -> None:
     # Guards the parametrised test below against silently testing nothing.
-    assert len(SAMPLES) >= 3
+    assert len(mlbatch.APPWRAPPERS) >= 3
 
 
-@pytest.mark.parametrize("sample", SAMPLES, ids=[f"sample{i}" for i in range(len(SAMPLES))])
+@pytest.mark.parametrize("sample", mlbatch.APPWRAPPERS)
 def test_mlbatch_sample_is_accepted_unchanged(crd: Path, namespace: str, sample: str) -> None:
-    doc = yaml.safe_load(sample)
-    text = sample
+    text = mlbatch.text(sample)
+    doc = yaml.safe_load(text)
     if "namespace" in doc.get("metadata", {}):
         doc["metadata"]["namespace"] = namespace
         text = yaml.safe_dump(doc)
@@ -171,20 +98,20 @@ def test_created_appwrapper_reads_back_and_shows_status_columns(crd: Path, names
         namespace,
         "-f",
         "-",
-        stdin=json.dumps(_appwrapper("cols", {"template": _job("j")})),
+        stdin=json.dumps(appwrapper("cols", component(job("j", pods=1)))),
     )
     status = {
         "status": {
             "phase": "Running",
             "resettingCount": 1,
             "conditions": [
-                {
-                    "type": ctype,
-                    "status": value,
-                    "reason": "Resuming",
-                    "message": "Suspend is false",
-                    "lastTransitionTime": "2024-01-01T00:00:00Z",
-                }
+                condition(
+                    ctype,
+                    value,
+                    reason="Resuming",
+                    message="Suspend is false",
+                    at=datetime(2024, 1, 1, tzinfo=UTC),
+                )
                 for ctype, value in (
                     ("QuotaReserved", "True"),
                     ("ResourcesDeployed", "True"),
@@ -207,11 +134,11 @@ def test_created_appwrapper_reads_back_and_shows_status_columns(crd: Path, names
     )
     table = kubectl(crd, "get", "aw", "cols", "-n", namespace, "--no-headers").stdout.split()
     assert table[:5] == ["cols", "Running", "True", "True", "False"]
-    stored = parse_appwrapper(
+    stored = read_appwrapper(
         json.loads(kubectl(crd, "get", "aw", "cols", "-n", namespace, "-o", "json").stdout)
     )
-    assert stored.status.resetting_count == 1
-    assert stored.status.is_true("QuotaReserved")
+    assert stored.resetting_count == 1
+    assert stored.is_true("QuotaReserved")
 
 
 @pytest.mark.parametrize(
@@ -223,7 +150,7 @@ def test_created_appwrapper_reads_back_and_shows_status_columns(crd: Path, names
             id="no-pod-sets",
         ),
         pytest.param(
-            [{"template": _pod(f"p{i}")} for i in range(MAX_POD_SETS + 1)],
+            [component(pod(f"p{i}")) for i in range(MAX_POD_SETS + 1)],
             "components contains more than 8 podspecs",
             id="nine-inferred-pods",
         ),
@@ -259,19 +186,19 @@ def test_created_appwrapper_reads_back_and_shows_status_columns(crd: Path, names
         pytest.param(
             [
                 {
-                    "template": _appwrapper("inner", {"template": _pod("p")}),
+                    "template": appwrapper("inner", component(pod("p"))),
                 }
             ],
             "Nested AppWrappers are forbidden",
             id="nested-appwrapper",
         ),
         pytest.param(
-            [{"template": _pod("p"), "podSets": [{"path": "spec.template"}]}],
+            [component(pod("p"), pod_sets=[{"path": "spec.template"}])],
             "a pod-set path must start with 'template'",
             id="path-without-template",
         ),
         pytest.param(
-            [{"template": _pod("p", namespace="elsewhere")}],
+            [component(pod("p", namespace="elsewhere"))],
             "AppWrappers cannot create objects in other namespaces",
             id="component-in-other-namespace",
         ),
@@ -280,45 +207,29 @@ def test_created_appwrapper_reads_back_and_shows_status_columns(crd: Path, names
 def test_invalid_appwrapper_is_rejected_with_its_message(
     crd: Path, namespace: str, components: list[dict[str, Any]], message: str
 ) -> None:
-    proc = _dry_run_create(crd, namespace, _appwrapper("bad", *components))
+    proc = _dry_run_create(crd, namespace, appwrapper("bad", *components))
     assert message in _rejection_text(proc)
 
 
 def test_inferred_pod_sets_of_a_pytorchjob_count_towards_the_limit(crd: Path, namespace: str) -> None:
-    pytorchjob = {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": "ptj"},
-        "spec": {
-            "pytorchReplicaSpecs": {
-                role: {"replicas": 1, "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}
-                for role in ("Master", "Worker")
-            }
-        },
-    }
-    alone = _dry_run_create(crd, namespace, _appwrapper("ptj", {"template": pytorchjob}))
+    ptj = component(pytorchjob("ptj", replicas={"Master": 1, "Worker": 1}))
+    alone = _dry_run_create(crd, namespace, appwrapper("ptj", ptj))
     assert alone.returncode == 0, alone.stderr
     # Two inferred pod sets plus seven pods is one too many.
-    crowded = _appwrapper("ptj", {"template": pytorchjob}, *({"template": _pod(f"p{i}")} for i in range(7)))
+    crowded = appwrapper("ptj", ptj, *(component(pod(f"p{i}")) for i in range(7)))
     assert "more than 8 podspecs" in _rejection_text(_dry_run_create(crd, namespace, crowded))
 
 
 def test_component_in_its_own_namespace_is_accepted(crd: Path, namespace: str) -> None:
-    proc = _dry_run_create(crd, namespace, _appwrapper("ok", {"template": _pod("p", namespace=namespace)}))
+    proc = _dry_run_create(crd, namespace, appwrapper("ok", component(pod("p", namespace=namespace))))
     assert proc.returncode == 0, proc.stderr
 
 
 @pytest.fixture
 def existing(crd: Path, namespace: str) -> dict[str, Any]:
     """A stored AppWrapper with declared pod sets and a managedBy value, to update."""
-    body = _appwrapper(
-        "upd",
-        {
-            "template": _job("j", parallelism=2),
-            "podSets": [{"path": "template.spec.template", "replicas": 2}],
-        },
-        suspend=True,
-    )
+    pod_sets = [{"path": "template.spec.template", "replicas": 2}]
+    body = appwrapper("upd", component(job("j", pods=2), pod_sets=pod_sets), suspend=True)
     kubectl(crd, "create", "-n", namespace, "-f", "-", stdin=json.dumps(body))
     return body
 
@@ -384,7 +295,7 @@ def test_suspend_and_pod_set_infos_can_change(crd: Path, namespace: str, existin
             id="template",
         ),
         pytest.param(
-            [{"op": "add", "path": "/spec/components/-", "value": {"template": _pod("extra")}}],
+            [{"op": "add", "path": "/spec/components/-", "value": component(pod("extra"))}],
             "the number of components is immutable",
             id="component-count",
         ),
@@ -414,7 +325,7 @@ def test_immutable_fields_cannot_change(
 
 
 def test_managed_by_set_at_creation_cannot_be_changed_or_removed(crd: Path, namespace: str) -> None:
-    body = copy.deepcopy(_appwrapper("upd", {"template": _pod("p")}, managedBy="kueue.x-k8s.io/multikueue"))
+    body = copy.deepcopy(appwrapper("upd", component(pod("p")), managedBy="kueue.x-k8s.io/multikueue"))
     kubectl(crd, "create", "-n", namespace, "-f", "-", stdin=json.dumps(body))
     changed = _json_patch(crd, namespace, [{"op": "replace", "path": "/spec/managedBy", "value": "other"}])
     assert "spec.managedBy is immutable" in _rejection_text(changed)

@@ -13,11 +13,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -34,18 +32,16 @@ import yaml
 from nats.js import api
 
 from respawn import natsauth
-from respawn.testbed import manifests, sim
+from respawn.testbed import sim
 from respawn.testbed.cluster import kubectl, kubectl_binary
+from respawn.testbed.manifests import job_appwrapper
 from respawn.testbed.modes import Endpoints
 from respawn.testbed.nats import NatsServer, find_nats_server, start_nats
 from respawn.testbed.services import ServiceProcess, spawn_service
 from shared import subjects
-from shared.appwrapper.constants import APPWRAPPER_LABEL
+from shared.appwrapper.model import read_appwrapper
 from shared.appwrapper.params import (
-    FAILURE_GRACE_PERIOD_ANNOTATION,
-    FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION,
     RETRY_LIMIT_ANNOTATION,
-    RETRY_PAUSE_PERIOD_ANNOTATION,
 )
 from shared.bus import Bus, Delivery, default_streams
 from shared.config import load_config
@@ -61,11 +57,20 @@ from shared.messages import (
     Verdict,
     decode,
 )
-from tests.waiting import until, until_async
+from tests.integration.objects import (
+    FAST_RESET,
+    apply,
+    events_of,
+    jobs,
+    labelled_pods,
+    wait_phase,
+)
+from tests.integration.observe import Observer
+from tests.waiting import holds, until, until_sync
 
 pytestmark = pytest.mark.testbed
 
-T = TypeVar("T")
+M = TypeVar("M", bound=Message)
 STREAMS = default_streams()
 
 REPO = Path(__file__).resolve().parents[2]
@@ -388,10 +393,7 @@ def accounts(
             and "events" in lifecycle
         )
 
-    deadline = time.monotonic() + 60
-    while not aggregated():
-        assert time.monotonic() < deadline, "the aggregated ClusterRoles were not filled in within 60s"
-        time.sleep(0.2)
+    until_sync("the aggregated ClusterRoles to be filled in", aggregated, within=60)
     out = tmp_path_factory.mktemp("service-accounts")
     kubeconfigs = {}
     for service in SERVICES:
@@ -776,16 +778,21 @@ async def consume_one_and_dead_letter_one(auth: AuthNats, service: str, bus: Bus
         await until(f"{service} to receive {subject}", lambda: subject in received, within=10)
         await producer.js.publish(subject, b"\xc1 not msgpack", timeout=5)
 
-    async def dead_lettered() -> bool:
-        return await stored(bus, subjects.DEAD_LETTER_STREAM, dead_letters) == dead_before + 1
+    await until(
+        f"{service} to dead-letter the undecodable message",
+        lambda: stored(bus, subjects.DEAD_LETTER_STREAM, dead_letters),
+        done=lambda count: count == dead_before + 1,
+        within=10,
+    )
 
-    await until_async(f"{service} to dead-letter the undecodable message", dead_lettered, within=10)
-
-    async def settled() -> bool:
-        info = await bus.js.consumer_info(feed.stream, durable)
-        return bool(info.num_pending == 0 and info.num_ack_pending == 0 and info.ack_floor.stream_seq > 0)
-
-    await until_async(f"{service}'s acks to reach the server", settled, within=10)
+    await until(
+        f"{service}'s acks to reach the server",
+        lambda: bus.js.consumer_info(feed.stream, durable),
+        done=lambda info: (
+            info.num_pending == 0 and info.num_ack_pending == 0 and info.ack_floor.stream_seq > 0
+        ),
+        within=10,
+    )
     await consumer.stop()
 
 
@@ -964,7 +971,13 @@ async def test_an_outside_subscriber_cannot_write_into_a_stream_through_a_push_c
         )
         subject, message = lifecycle_event(ns, aw)
         await lifecycle.publish(subject, message, msg_id=None)
-        await asyncio.sleep(1.0)  # give a delivery, if one were possible, time to happen
+        # Given time for a delivery, if one were possible, none happens.
+        await holds(
+            f"nothing delivered to {target}",
+            lambda: sub.js.consumer_info(subjects.LIFECYCLE_STREAM, name),
+            done=lambda info: info.delivered.stream_seq == 0,
+            during=1.0,
+        )
         info = await sub.js.consumer_info(subjects.LIFECYCLE_STREAM, name)
         assert info.delivered.stream_seq == 0 and info.num_pending >= 1
         assert await stored(lifecycle, subjects.VERDICTS_STREAM, target) == 0
@@ -1049,71 +1062,22 @@ def stack(
             process.stop()
 
 
-FAST = {
-    FAILURE_GRACE_PERIOD_ANNOTATION: "0s",
-    RETRY_PAUSE_PERIOD_ANNOTATION: "1s",
-    FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION: "5s",
-}
-
-
-def job_appwrapper(
-    name: str, *, pod_annotations: dict[str, str], annotations: dict[str, str] | None = None
-) -> dict[str, Any]:
-    return manifests.job_appwrapper(
-        name, pod_annotations=pod_annotations, annotations={**FAST, **(annotations or {})}
-    )
-
-
-def appwrapper_status(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any]:
-    proc = kubectl(kubeconfig, "get", "appwrapper", name, "-n", namespace, "-o", "json", check=False)
-    if proc.returncode != 0:
-        return {}
-    return dict(json.loads(proc.stdout).get("status") or {})
-
-
-async def wait_phase(
-    kubeconfig: Path, namespace: str, name: str, phase: str, *, within: float
-) -> dict[str, Any]:
-    last: dict[str, Any] = {}
-
-    def reached() -> bool:
-        nonlocal last
-        last = appwrapper_status(kubeconfig, namespace, name)
-        return last.get("phase") == phase
-
-    try:
-        await until(f"{namespace}/{name} to reach {phase}", reached, within=within)
-    except AssertionError:
-        raise AssertionError(
-            f"{namespace}/{name} did not reach {phase} in {within}s: {json.dumps(last)}"
-        ) from None
-    return last
-
-
-async def published_for(auth: AuthNats, stream: str, subject: str, cls: type[Message]) -> list[Any]:
+async def published_for(auth: AuthNats, stream: str, subject: str, cls: type[M]) -> list[M]:
     """Every message on ``subject``, read as the outside subscriber."""
-    async with subscriber(auth) as sub:
-        osub = await sub.js.subscribe(subject, stream=stream, ordered_consumer=True)
-        out = []
-        try:
-            while True:
-                try:
-                    msg = await osub.next_msg(timeout=1.0)
-                except TimeoutError:
-                    return out
-                out.append(decode(cls, msg.data))
-        finally:
-            await osub.unsubscribe()
+    user = natsauth.SUBSCRIBER
+    options = {"user": user, "password": auth.passwords[user], "inbox_prefix": natsauth.inbox_prefix(user)}
+    async with Observer(auth.url, **options) as obs:
+        return await obs.all(stream, subject, cls)
 
 
 async def test_services_with_their_own_accounts_run_an_appwrapper_to_succeeded(
     testbed: Endpoints, stack: Stack, namespace: str
 ) -> None:
     kc = testbed.kubeconfig
-    aw = job_appwrapper("fine", pod_annotations={sim.SUCCEED_AFTER: "2s"})
-    kubectl(kc, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(aw))
-    status = await wait_phase(kc, namespace, "fine", "Succeeded", within=90)
-    assert status.get("resettingCount", 0) == 0
+    aw = job_appwrapper("fine", pod_annotations={sim.SUCCEED_AFTER: "2s"}, annotations=FAST_RESET)
+    apply(kc, namespace, aw)
+    done = await wait_phase(kc, namespace, "fine", "Succeeded", within=90)
+    assert read_appwrapper(done).resetting_count == 0
     # The public streams tell the story to an outside subscriber.
     events = await published_for(
         stack.auth, subjects.LIFECYCLE_STREAM, subjects.lifecycle_event(namespace, "fine"), LifecycleEvent
@@ -1132,36 +1096,22 @@ async def test_services_with_their_own_accounts_reset_a_failing_appwrapper_until
 ) -> None:
     kc = testbed.kubeconfig
     aw = job_appwrapper(
-        "doomed", pod_annotations={sim.FAIL_AFTER: "1s"}, annotations={RETRY_LIMIT_ANNOTATION: "1"}
+        "doomed",
+        pod_annotations={sim.FAIL_AFTER: "1s"},
+        annotations={**FAST_RESET, RETRY_LIMIT_ANNOTATION: "1"},
     )
-    kubectl(kc, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(aw))
-    status = await wait_phase(kc, namespace, "doomed", "Failed", within=90)
-    assert status["resettingCount"] == 1
-
-    def cleaned_up() -> bool:
-        jobs = json.loads(kubectl(kc, "get", "jobs", "-n", namespace, "-o", "json").stdout)["items"]
-        pods = json.loads(
-            kubectl(
-                kc, "get", "pods", "-n", namespace, "-l", f"{APPWRAPPER_LABEL}=doomed", "-o", "json"
-            ).stdout
-        )["items"]
-        return not jobs and not pods
+    apply(kc, namespace, aw)
+    failed = await wait_phase(kc, namespace, "doomed", "Failed", within=90)
+    assert read_appwrapper(failed).resetting_count == 1
 
     # Deleting the Job and its pods, with the lifecycle's own token.
-    await until("the failed AppWrapper's Job and pods to be deleted", cleaned_up, within=60)
-    events = json.loads(
-        kubectl(
-            kc,
-            "get",
-            "events",
-            "-n",
-            namespace,
-            "--field-selector",
-            "involvedObject.name=doomed",
-            "-o",
-            "json",
-        ).stdout
-    )["items"]
+    await until(
+        "the failed AppWrapper's Job and pods to be deleted",
+        lambda: jobs(kc, namespace) + labelled_pods(kc, namespace, "doomed"),
+        done=lambda left: not left,
+        within=60,
+    )
+    events = events_of(kc, namespace, "doomed")
     reasons = {e["reason"] for e in events if e.get("source", {}).get("component") == "respawn-lifecycle"}
     assert {"Resetting", "Failed"} <= reasons, reasons
     assert stack.refusals() == []
@@ -1200,7 +1150,7 @@ async def test_services_with_their_own_accounts_turn_node_labels_into_node_verdi
             found = await last_verdict()
             return found if found is not None and node in found.no_schedule else None
 
-        await until_async(f"a node verdict flagging {node}", flagged, within=30)
+        await until(f"a node verdict flagging {node}", flagged, within=30)
     finally:
         sim.label_node(kc, node, TEST_LABEL, None)
 
@@ -1208,5 +1158,5 @@ async def test_services_with_their_own_accounts_turn_node_labels_into_node_verdi
         found = await last_verdict()
         return found is not None and node not in found.no_schedule
 
-    await until_async(f"the node verdict to clear {node}", cleared, within=30)
+    await until(f"the node verdict to clear {node}", cleared, within=30)
     assert stack.refusals() == []

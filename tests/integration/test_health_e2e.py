@@ -8,11 +8,10 @@ the per-AppWrapper annotations so every fault is judged within seconds.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -23,23 +22,21 @@ import nats
 import pytest
 import pytest_asyncio
 
-from respawn.testbed import sim
+from respawn.testbed import manifests, sim
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
 from respawn.testbed.services import ServiceProcess
 from shared import subjects
 from shared.appwrapper.constants import Reason
+from shared.appwrapper.model import read_appwrapper
 from shared.appwrapper.params import (
-    ADMISSION_GRACE_PERIOD_ANNOTATION,
     FAILURE_GRACE_PERIOD_ANNOTATION,
-    RETRY_LIMIT_ANNOTATION,
-    TERMINAL_EXIT_CODES_ANNOTATION,
-    WARMUP_GRACE_PERIOD_ANNOTATION,
 )
 from shared.messages import PodObservation, Verdict, decode
 from tests.integration.conftest import ServiceFactory
+from tests.integration.objects import apply, wait_phase
 from tests.integration.observe import Observer
-from tests.waiting import until
+from tests.waiting import holds, until
 
 pytestmark = pytest.mark.testbed
 
@@ -52,74 +49,31 @@ DEFAULT_FAILURE_GRACE = timedelta(minutes=1)
 # ---------------------------------------------------------------------------------- manifests
 
 
-def pod_template(
-    *, annotations: dict[str, str] | None = None, gpus: int = 0, init_container: bool = False
-) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "c", "image": "busybox"}
-    if gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
-    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
-    if init_container:
-        spec["initContainers"] = [{"name": "setup", "image": "busybox"}]
-    return {"metadata": {"annotations": annotations or {}}, "spec": spec}
-
-
-def pod_component(name: str, **kwargs: Any) -> dict[str, Any]:
-    template = pod_template(**kwargs)
-    return {
-        "template": {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, **template["metadata"]},
-            "spec": template["spec"],
-        }
-    }
-
-
-def job_component(name: str, *, parallelism: int = 1, **kwargs: Any) -> dict[str, Any]:
-    return {
-        "template": {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": name},
-            "spec": {
-                "backoffLimit": 0,
-                "parallelism": parallelism,
-                "completions": parallelism,
-                "template": pod_template(**kwargs),
-            },
-        }
-    }
-
-
-def appwrapper(name: str, component: dict[str, Any], **annotations: str) -> dict[str, Any]:
+def appwrapper(name: str, workload: dict[str, Any], **annotations: str) -> dict[str, Any]:
     """A runnable (not suspended) AppWrapper; lifecycle deploys it at once, as after Kueue admission."""
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {"suspend": False, "components": [component]},
-    }
+    return manifests.appwrapper(name, manifests.component(workload), annotations=annotations, suspend=False)
 
 
-def apply(kubeconfig: Path, namespace: str, manifest: dict[str, Any]) -> None:
-    kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
+def pod(name: str, **template: Any) -> dict[str, Any]:
+    return manifests.pod(name, container="c", **template)
+
+
+def job(name: str, *, parallelism: int = 1, **template: Any) -> dict[str, Any]:
+    pod_template = manifests.pod_template(container="c", **template)
+    return manifests.job(name, pods=parallelism, backoffLimit=0, template=pod_template)
 
 
 def get(kubeconfig: Path, namespace: str, *what: str) -> Any:
     return sim.get_json(kubeconfig, *what, "-n", namespace)
 
 
-eventually = until
-
-
 async def pod_names(kubeconfig: Path, namespace: str, *, count: int = 1) -> list[str]:
-    def probe() -> list[str]:
-        pods = get(kubeconfig, namespace, "pods")["items"]
-        return sorted(p["metadata"]["name"] for p in pods) if len(pods) >= count else []
-
-    names: list[str] = await eventually(f"{count} pods in {namespace}", probe)
-    return names
+    pods = await until(
+        f"{count} pods in {namespace}",
+        lambda: get(kubeconfig, namespace, "pods")["items"],
+        done=lambda items: len(items) >= count,
+    )
+    return sorted(p["metadata"]["name"] for p in pods)
 
 
 # ---------------------------------------------------------------------------------- the stack
@@ -169,21 +123,23 @@ class VerdictFeed:
 
     async def wait(self, check: Callable[[Verdict], bool], *, within: float = 30) -> Verdict:
         """The first verdict (already seen or arriving within ``within`` seconds) that passes ``check``."""
-        for verdict in self.seen:
-            if check(verdict):
-                return verdict
-        deadline = time.monotonic() + within
-        while (remaining := deadline - time.monotonic()) > 0:
-            try:
-                msg = await self.sub.next_msg(timeout=min(remaining, 1.0))
-            except TimeoutError:
-                continue
-            verdict = decode(Verdict, msg.data)
-            self.seen.append(verdict)
-            if check(verdict):
-                return verdict
-        summary = [(v.seq, v.state, v.reason, v.message) for v in self.seen]
-        raise AssertionError(f"no matching verdict on {self.subject} within {within}s; seen: {summary}")
+
+        async def read() -> list[tuple[int, str, str, str]]:
+            # The next verdict, if one comes within a second, then a summary of all seen so far.
+            with contextlib.suppress(TimeoutError):
+                msg = await self.sub.next_msg(timeout=1.0)
+                self.seen.append(decode(Verdict, msg.data))
+            return [(v.seq, v.state, v.reason, v.message) for v in self.seen]
+
+        if not any(check(v) for v in self.seen):
+            await until(
+                f"a matching verdict on {self.subject}",
+                read,
+                done=lambda _: any(check(v) for v in self.seen),
+                within=within,
+                every=0,
+            )
+        return next(v for v in self.seen if check(v))
 
     async def count(self) -> int:
         """How many verdicts the stream holds for this AppWrapper."""
@@ -204,6 +160,22 @@ async def feed(nc: Any, namespace: str, name: str) -> VerdictFeed:
     return f
 
 
+Submit = Callable[..., Awaitable[VerdictFeed]]
+
+
+@pytest.fixture
+def submit(stack: Stack, nc: Any, namespace: str) -> Submit:
+    """``submit(name, workload, **clocks)``: follow the AppWrapper's verdicts, then submit it around
+    ``workload`` with the fault-tolerance parameters ``clocks`` (``manifests.fault_tolerance``)."""
+
+    async def follow_and_apply(name: str, workload: dict[str, Any], **clocks: Any) -> VerdictFeed:
+        verdicts = await feed(nc, namespace, name)
+        apply(stack.kubeconfig, namespace, appwrapper(name, workload, **manifests.fault_tolerance(**clocks)))
+        return verdicts
+
+    return follow_and_apply
+
+
 def unhealthy(reason: str) -> Callable[[Verdict], bool]:
     return lambda v: v.state == "Unhealthy" and v.reason == reason
 
@@ -212,32 +184,15 @@ def healthy(reason: str = "") -> Callable[[Verdict], bool]:
     return lambda v: v.state == "Healthy" and v.reason == reason
 
 
-async def appwrapper_phase(
-    kubeconfig: Path, namespace: str, name: str, phase: str, within: float = 30
-) -> Any:
-    def probe() -> Any:
-        aw = get(kubeconfig, namespace, "appwrapper", name)
-        return aw if aw.get("status", {}).get("phase") == phase else None
-
-    return await eventually(f"AppWrapper {namespace}/{name} in phase {phase}", probe, within=within)
-
-
 # ---------------------------------------------------------------------------------- faults
 
 
 async def test_failed_pod_is_healthy_during_the_failure_grace_period_then_unhealthy(
-    stack: Stack, nc: Any, namespace: str
+    stack: Stack, namespace: str, submit: Submit
 ) -> None:
     kc = stack.kubeconfig
-    verdicts = await feed(nc, namespace, "fp")
-    apply(
-        kc,
-        namespace,
-        appwrapper(
-            "fp",
-            pod_component("fp-0", annotations={sim.FAIL_AFTER: "1s"}),
-            **{FAILURE_GRACE_PERIOD_ANNOTATION: "3s", RETRY_LIMIT_ANNOTATION: "0"},
-        ),
+    verdicts = await submit(
+        "fp", pod("fp-0", annotations={sim.FAIL_AFTER: "1s"}), failure_grace="3s", retry_limit=0
     )
     grace = await verdicts.wait(healthy(Reason.FOUND_FAILED_PODS))
     # Read while the grace period runs: once Failed, lifecycle deletes the pod.
@@ -285,26 +240,21 @@ def quota_refused(kubeconfig: Path, namespace: str) -> bool:
     return any("exceeded quota" in e.get("message", "") for e in events)
 
 
-async def test_pod_stuck_in_init_is_unhealthy_after_warmup(stack: Stack, nc: Any, namespace: str) -> None:
+async def test_pod_stuck_in_init_is_unhealthy_after_warmup(
+    stack: Stack, namespace: str, submit: Submit
+) -> None:
     kc = stack.kubeconfig
-    verdicts = await feed(nc, namespace, "si")
-    apply(
-        kc,
-        namespace,
-        appwrapper(
-            "si",
-            pod_component("si-0", annotations={sim.STUCK_INIT: "true"}, init_container=True),
-            **{
-                ADMISSION_GRACE_PERIOD_ANNOTATION: "1s",
-                WARMUP_GRACE_PERIOD_ANNOTATION: "2s",
-                FAILURE_GRACE_PERIOD_ANNOTATION: "3s",
-                RETRY_LIMIT_ANNOTATION: "0",
-            },
-        ),
+    verdicts = await submit(
+        "si",
+        pod("si-0", annotations={sim.STUCK_INIT: "true"}, init_container=True),
+        admission_grace="1s",
+        warmup_grace="2s",
+        failure_grace="3s",
+        retry_limit=0,
     )
     # The pod exists, scheduled but stuck in its init container (read before the verdict: once
     # the AppWrapper fails, lifecycle deletes it).
-    await eventually("pod si-0 scheduled and stuck in init", lambda: stuck_in_init(kc, namespace, "si-0"))
+    await until("pod si-0 scheduled and stuck in init", lambda: stuck_in_init(kc, namespace, "si-0"))
     final = await verdicts.wait(unhealthy(Reason.INSUFFICIENT_PODS_READY))
 
     # All expected pods exist, so the warmup period applies, then the failure grace period.
@@ -315,24 +265,15 @@ async def test_pod_stuck_in_init_is_unhealthy_after_warmup(stack: Stack, nc: Any
     assert final.terminal is False
 
 
-async def test_pod_never_scheduled_is_unhealthy_after_warmup(stack: Stack, nc: Any, namespace: str) -> None:
+async def test_pod_never_scheduled_is_unhealthy_after_warmup(
+    stack: Stack, namespace: str, submit: Submit
+) -> None:
     kc = stack.kubeconfig
-    verdicts = await feed(nc, namespace, "ns")
-    apply(
-        kc,
-        namespace,
-        appwrapper(
-            "ns",
-            pod_component("ns-0", gpus=9),  # every node has 8
-            **{
-                ADMISSION_GRACE_PERIOD_ANNOTATION: "1s",
-                WARMUP_GRACE_PERIOD_ANNOTATION: "2s",
-                FAILURE_GRACE_PERIOD_ANNOTATION: "2s",
-                RETRY_LIMIT_ANNOTATION: "0",
-            },
-        ),
+    unschedulable_pod = pod("ns-0", gpus=9)  # every node has 8
+    verdicts = await submit(
+        "ns", unschedulable_pod, admission_grace="1s", warmup_grace="2s", failure_grace="2s", retry_limit=0
     )
-    await eventually("pod ns-0 reported Unschedulable", lambda: unschedulable(kc, namespace, "ns-0"))
+    await until("pod ns-0 reported Unschedulable", lambda: unschedulable(kc, namespace, "ns-0"))
     final = await verdicts.wait(unhealthy(Reason.INSUFFICIENT_PODS_READY))
 
     # An unscheduled pod exists (Pending), as upstream counts it: the warmup period applies.
@@ -343,7 +284,7 @@ async def test_pod_never_scheduled_is_unhealthy_after_warmup(stack: Stack, nc: A
 
 
 async def test_pods_that_cannot_be_created_are_unhealthy_after_admission(
-    stack: Stack, nc: Any, namespace: str
+    stack: Stack, namespace: str, submit: Submit
 ) -> None:
     kc = stack.kubeconfig
     # The namespace admits one pod: the Job's second pod is refused by the quota, never created.
@@ -358,29 +299,22 @@ async def test_pods_that_cannot_be_created_are_unhealthy_after_admission(
         },
     )
     # Until the quota controller has computed its usage, admission refuses every pod.
-    await eventually(
+    await until(
         "the quota's usage computed",
         lambda: "used" in get(kc, namespace, "resourcequota", "one-pod")["status"],
     )
-    verdicts = await feed(nc, namespace, "adm")
-    apply(
-        kc,
-        namespace,
-        appwrapper(
-            "adm",
-            job_component("adm-job", parallelism=2),
-            **{
-                ADMISSION_GRACE_PERIOD_ANNOTATION: "1s",
-                WARMUP_GRACE_PERIOD_ANNOTATION: "1m",
-                FAILURE_GRACE_PERIOD_ANNOTATION: "3s",
-                RETRY_LIMIT_ANNOTATION: "0",
-            },
-        ),
+    verdicts = await submit(
+        "adm",
+        job("adm-job", parallelism=2),
+        admission_grace="1s",
+        warmup_grace="1m",
+        failure_grace="3s",
+        retry_limit=0,
     )
     # One pod of two is created, the other refused (checked before the AppWrapper fails and
     # lifecycle deletes its resources).
-    await eventually("one pod created", lambda: len(get(kc, namespace, "pods")["items"]) == 1)
-    await eventually("the second pod refused by the quota", lambda: quota_refused(kc, namespace))
+    await until("one pod created", lambda: len(get(kc, namespace, "pods")["items"]) == 1)
+    await until("the second pod refused by the quota", lambda: quota_refused(kc, namespace))
     grace = await verdicts.wait(healthy(Reason.INSUFFICIENT_PODS_READY))
     final = await verdicts.wait(unhealthy(Reason.INSUFFICIENT_PODS_READY))
 
@@ -395,19 +329,10 @@ async def test_pods_that_cannot_be_created_are_unhealthy_after_admission(
     assert "expected 2" in final.message and "admission" in final.message
 
 
-async def test_failed_job_is_unhealthy_at_once(stack: Stack, nc: Any, namespace: str) -> None:
-    kc = stack.kubeconfig
-    verdicts = await feed(nc, namespace, "fj")
-    apply(
-        kc,
-        namespace,
-        appwrapper(
-            "fj",
-            job_component("fj-job", annotations={sim.FAIL_AFTER: "1s"}),
-            # The failed pod alone would wait a minute; the Job's Failed condition does not wait.
-            **{FAILURE_GRACE_PERIOD_ANNOTATION: "1m", RETRY_LIMIT_ANNOTATION: "0"},
-        ),
-    )
+async def test_failed_job_is_unhealthy_at_once(stack: Stack, namespace: str, submit: Submit) -> None:
+    # The failed pod alone would wait a minute; the Job's Failed condition does not wait.
+    failing = job("fj-job", annotations={sim.FAIL_AFTER: "1s"})
+    verdicts = await submit("fj", failing, failure_grace="1m", retry_limit=0)
     final = await verdicts.wait(unhealthy(Reason.FAILED_COMPONENT))
 
     # The reason the Job controller gave (backoffLimit 0, one failed pod) is passed on.
@@ -419,13 +344,12 @@ async def test_failed_job_is_unhealthy_at_once(stack: Stack, nc: Any, namespace:
 
 
 async def test_externally_deleted_component_is_unhealthy_and_terminal(
-    stack: Stack, nc: Any, namespace: str
+    stack: Stack, namespace: str, submit: Submit
 ) -> None:
     kc = stack.kubeconfig
-    verdicts = await feed(nc, namespace, "dc")
-    apply(kc, namespace, appwrapper("dc", job_component("dc-job"), **{RETRY_LIMIT_ANNOTATION: "3"}))
+    verdicts = await submit("dc", job("dc-job"), retry_limit=3)
     (pod,) = await pod_names(kc, namespace)
-    await eventually(
+    await until(
         "the Job's pod Running", lambda: get(kc, namespace, "pod", pod)["status"].get("phase") == "Running"
     )
     await verdicts.wait(healthy())
@@ -438,50 +362,44 @@ async def test_externally_deleted_component_is_unhealthy_and_terminal(
     assert final.terminal is True
 
 
-async def test_terminal_exit_code_makes_the_failure_terminal(stack: Stack, nc: Any, namespace: str) -> None:
+async def test_terminal_exit_code_makes_the_failure_terminal(
+    stack: Stack, namespace: str, submit: Submit
+) -> None:
     kc = stack.kubeconfig
-    verdicts = await feed(nc, namespace, "te")
-    apply(
-        kc,
-        namespace,
-        appwrapper(
-            "te",
-            pod_component("te-0", annotations={sim.FAIL_AFTER: "1s", sim.EXIT_CODE: "42"}),
-            **{
-                TERMINAL_EXIT_CODES_ANNOTATION: "3,42",
-                FAILURE_GRACE_PERIOD_ANNOTATION: "1s",
-                RETRY_LIMIT_ANNOTATION: "3",
-            },
-        ),
+    verdicts = await submit(
+        "te",
+        pod("te-0", annotations={sim.FAIL_AFTER: "1s", sim.EXIT_CODE: "42"}),
+        terminal_exit_codes="3,42",
+        failure_grace="1s",
+        retry_limit=3,
     )
     final = await verdicts.wait(unhealthy(Reason.FOUND_FAILED_PODS))
 
     assert final.terminal is True
     assert "exit code 42" in final.message and "te-0" in final.message
     # Lifecycle acts on it: Failed without using any of the three retries.
-    aw = await appwrapper_phase(kc, namespace, "te", "Failed")
-    assert aw["status"].get("resettingCount", 0) == 0
+    aw = await wait_phase(kc, namespace, "te", "Failed")
+    assert read_appwrapper(aw).resetting_count == 0
 
 
 async def test_idle_healthy_appwrapper_produces_no_verdict_churn(
-    stack: Stack, nc: Any, namespace: str
+    stack: Stack, nc: Any, namespace: str, submit: Submit
 ) -> None:
     kc = stack.kubeconfig
-    verdicts = await feed(nc, namespace, "idle")
-    apply(kc, namespace, appwrapper("idle", pod_component("idle-0")))
+    verdicts = await submit("idle", pod("idle-0"))
     first = await verdicts.wait(lambda v: True)
     assert first.state == "Healthy" and first.reason == "" and first.seq == 1
-    await eventually(
+    await until(
         "pod idle-0 Running", lambda: get(kc, namespace, "pod", "idle-0")["status"].get("phase") == "Running"
     )
     assert await verdicts.count() == 1
 
     # Status updates that change observations but not health: container restarts and readiness
     # flips on the pod, a label on its node.
-    pod = get(kc, namespace, "pod", "idle-0")
-    sim.label_node(kc, pod["spec"]["nodeName"], "respawn.dev/churn-test", namespace)
+    idle = get(kc, namespace, "pod", "idle-0")
+    sim.label_node(kc, idle["spec"]["nodeName"], "respawn.dev/churn-test", namespace)
     try:
-        statuses = pod["status"]["containerStatuses"]
+        statuses = idle["status"]["containerStatuses"]
         for restarts in (1, 2, 3):
             for cs in statuses:
                 cs["restartCount"], cs["ready"] = restarts, restarts % 2 == 0
@@ -498,7 +416,7 @@ async def test_idle_healthy_appwrapper_produces_no_verdict_churn(
                 json.dumps({"status": {"containerStatuses": statuses}}),
             )
     finally:
-        sim.label_node(kc, pod["spec"]["nodeName"], "respawn.dev/churn-test", None)
+        sim.label_node(kc, idle["spec"]["nodeName"], "respawn.dev/churn-test", None)
 
     # Wait until health has taken in the last of those updates (acknowledged it), then for a
     # quiet second in which it evaluates them, checking all the while that nothing was published.
@@ -514,21 +432,15 @@ async def test_idle_healthy_appwrapper_produces_no_verdict_churn(
     last_seq = (await js.get_last_msg(OBSERVATIONS, obs_subject)).seq
 
     async def taken_in() -> bool:
+        assert await verdicts.count() == 1, "a verdict was published for an unchanged state"
         # health-<instance>[-<run>]: unique per run, so it is found by its prefix.
         consumers = await js.consumers_info(OBSERVATIONS)
         ours = [c for c in consumers if c.name.startswith(f"health-{stack.health_instance}")]
         assert len(ours) == 1, f"expected one observation consumer of this health instance: {ours}"
         return bool(ours[0].ack_floor.stream_seq >= last_seq)
 
-    deadline = time.monotonic() + 20
-    while not await taken_in():
-        assert await verdicts.count() == 1, "a verdict was published for an unchanged state"
-        assert time.monotonic() < deadline, "health did not take in the pod updates within 20s"
-        await asyncio.sleep(0.1)
-    quiet_until = time.monotonic() + 1.0
-    while time.monotonic() < quiet_until:
-        assert await verdicts.count() == 1, "a verdict was published for an unchanged state"
-        await asyncio.sleep(0.1)
+    await until("health to take in the pod updates", taken_in, within=20, every=0.1)
+    await holds("no verdict for an unchanged state", verdicts.count, done=lambda n: n == 1, during=1.0)
 
     # A real change, made after those updates, is the very next verdict: health is alive and
     # nothing was published in between.
@@ -539,19 +451,9 @@ async def test_idle_healthy_appwrapper_produces_no_verdict_churn(
 
 
 async def test_malformed_annotation_is_reported_and_the_default_is_used(
-    stack: Stack, nc: Any, namespace: str
+    stack: Stack, namespace: str, submit: Submit
 ) -> None:
-    kc = stack.kubeconfig
-    verdicts = await feed(nc, namespace, "bad")
-    apply(
-        kc,
-        namespace,
-        appwrapper(
-            "bad",
-            pod_component("bad-0", annotations={sim.FAIL_AFTER: "1s"}),
-            **{FAILURE_GRACE_PERIOD_ANNOTATION: "abc"},
-        ),
-    )
+    verdicts = await submit("bad", pod("bad-0", annotations={sim.FAIL_AFTER: "1s"}), failure_grace="abc")
     first = await verdicts.wait(lambda v: True)
     grace = await verdicts.wait(healthy(Reason.FOUND_FAILED_PODS))
 
@@ -562,17 +464,11 @@ async def test_malformed_annotation_is_reported_and_the_default_is_used(
     assert grace.deadline - grace.first_unhealthy_at == DEFAULT_FAILURE_GRACE
 
 
-async def test_a_grace_period_survives_a_restart_of_health(stack: Stack, nc: Any, namespace: str) -> None:
-    kc = stack.kubeconfig
-    verdicts = await feed(nc, namespace, "rs")
-    apply(
-        kc,
-        namespace,
-        appwrapper(
-            "rs",
-            pod_component("rs-0", annotations={sim.FAIL_AFTER: "1s"}),
-            **{FAILURE_GRACE_PERIOD_ANNOTATION: "6s", RETRY_LIMIT_ANNOTATION: "0"},
-        ),
+async def test_a_grace_period_survives_a_restart_of_health(
+    stack: Stack, namespace: str, submit: Submit
+) -> None:
+    verdicts = await submit(
+        "rs", pod("rs-0", annotations={sim.FAIL_AFTER: "1s"}), failure_grace="6s", retry_limit=0
     )
     grace = await verdicts.wait(healthy(Reason.FOUND_FAILED_PODS))
     assert grace.deadline is not None

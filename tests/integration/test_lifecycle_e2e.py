@@ -7,16 +7,14 @@ with upstream's per-AppWrapper annotations so that every reset takes seconds.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-import yaml
 
 from respawn.testbed import manifests, sim
 from respawn.testbed.cluster import kubectl, kubectl_binary
@@ -24,121 +22,51 @@ from respawn.testbed.modes import Endpoints
 from respawn.testbed.services import ServiceProcess, spawn_service
 from shared import subjects
 from shared.appwrapper.constants import APPWRAPPER_LABEL, FINALIZER
-from shared.appwrapper.params import (
-    FAILURE_GRACE_PERIOD_ANNOTATION,
-    FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION,
-    RETRY_LIMIT_ANNOTATION,
-    RETRY_PAUSE_PERIOD_ANNOTATION,
-)
+from shared.appwrapper.model import read_appwrapper
 from shared.appwrapper.podsets import component_pod_sets, get_at_path
 from shared.messages import LifecycleEvent
+from tests import mlbatch
 from tests.integration.conftest import ServiceFactory
+from tests.integration.objects import (
+    FAST_RESET,
+    apply,
+    events_of,
+    get_appwrapper,
+    jobs,
+    labelled_pods,
+    running_pods,
+    wait_phase,
+)
 from tests.integration.observe import Observer
-from tests.integration.test_crd import MLBATCH_USAGE, mlbatch_appwrapper_samples
-from tests.waiting import until
+from tests.waiting import holds, until
 
 pytestmark = pytest.mark.testbed
-
-T = TypeVar("T")
-
-# Short clocks, so that a reset takes a few seconds instead of minutes.
-FAST = {
-    FAILURE_GRACE_PERIOD_ANNOTATION: "0s",
-    RETRY_PAUSE_PERIOD_ANNOTATION: "1s",
-    FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION: "5s",
-}
-
 
 # ---------------------------------------------------------------------------------- helpers
 
 
-def apply(kubeconfig: Path, namespace: str, manifest: dict[str, Any]) -> None:
-    kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
+def condition(aw: dict[str, Any] | None, ctype: str) -> Mapping[str, Any]:
+    return read_appwrapper(aw).condition(ctype)
 
 
-def get_appwrapper(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any] | None:
-    proc = kubectl(kubeconfig, "get", "appwrapper", name, "-n", namespace, "-o", "json", check=False)
-    if proc.returncode != 0:
-        if "NotFound" in proc.stderr:
-            return None
-        raise AssertionError(f"reading AppWrapper {namespace}/{name}: {proc.stderr}")
-    body: dict[str, Any] = json.loads(proc.stdout)
-    return body
+def two(pods: list[dict[str, Any]]) -> bool:
+    return len(pods) == 2
 
 
-def status_of(aw: dict[str, Any] | None) -> dict[str, Any]:
-    return (aw or {}).get("status") or {}
-
-
-def condition(aw: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
-    for cond in status_of(aw).get("conditions") or []:
-        if cond.get("type") == ctype:
-            return dict(cond)
-    return {}
-
-
-def jobs(kubeconfig: Path, namespace: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = sim.get_json(kubeconfig, "jobs", "-n", namespace)["items"]
-    return items
-
-
-def labelled_pods(kubeconfig: Path, namespace: str, appwrapper: str) -> list[dict[str, Any]]:
-    selector = f"{APPWRAPPER_LABEL}={appwrapper}"
-    items: list[dict[str, Any]] = sim.get_json(kubeconfig, "pods", "-n", namespace, "-l", selector)["items"]
-    return items
-
-
-def running_pods(kubeconfig: Path, namespace: str, appwrapper: str) -> list[dict[str, Any]]:
-    return [
-        p
-        for p in labelled_pods(kubeconfig, namespace, appwrapper)
-        if (p.get("status") or {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-    ]
-
-
-def exactly_running(kubeconfig: Path, namespace: str, appwrapper: str, count: int) -> list[dict[str, Any]]:
-    """The running pods if there are exactly ``count`` of them, else nothing (for :func:`until`)."""
-    pods = running_pods(kubeconfig, namespace, appwrapper)
-    return pods if len(pods) == count else []
-
-
-async def wait_phase(
-    kubeconfig: Path, namespace: str, name: str, phase: str, *, within: float = 30
-) -> dict[str, Any]:
-    last: dict[str, Any] | None = None
-
-    def reached() -> bool:
-        nonlocal last
-        last = get_appwrapper(kubeconfig, namespace, name)
-        return status_of(last).get("phase") == phase
-
-    try:
-        await until(f"{namespace}/{name} to reach {phase}", reached, within=within)
-    except AssertionError:
-        raise AssertionError(
-            f"{namespace}/{name} did not reach {phase} within {within}s; status: "
-            f"{json.dumps(status_of(last), indent=1)}"
-        ) from None
-    assert last is not None
-    return last
-
-
-def job_appwrapper(
+def submit(
+    kubeconfig: Path,
+    namespace: str,
     name: str,
     *,
+    pods: int = 1,
     pod_annotations: dict[str, str] | None = None,
-    annotations: dict[str, str] | None = None,
-    parallelism: int = 1,
-    suspend: bool = False,
-) -> dict[str, Any]:
-    """An AppWrapper around one batch/v1 Job whose failed pods are not replaced by the Job."""
-    return manifests.job_appwrapper(
-        name,
-        pods=parallelism,
-        pod_annotations=pod_annotations,
-        annotations={**FAST, **(annotations or {})},
-        suspend=suspend,
-    )
+    **clocks: Any,
+) -> None:
+    """Submit an AppWrapper around one Job whose failed pods are not replaced by the Job, with
+    short clocks (``FAST_RESET``, then ``clocks`` as for ``manifests.fault_tolerance``)."""
+    annotations = {**FAST_RESET, **manifests.fault_tolerance(**clocks)}
+    aw = manifests.job_appwrapper(name, pods=pods, pod_annotations=pod_annotations, annotations=annotations)
+    apply(kubeconfig, namespace, aw)
 
 
 def get_component(kubeconfig: Path, namespace: str, template: dict[str, Any], name: str) -> dict[str, Any]:
@@ -169,16 +97,10 @@ def observers(
             sp.stop()
 
 
-def events_of(kubeconfig: Path, namespace: str, name: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = sim.get_json(
-        kubeconfig,
-        "events",
-        "-n",
-        namespace,
-        "--field-selector",
-        f"involvedObject.name={name},involvedObject.kind=AppWrapper",
-    )["items"]
-    return items
+@pytest.fixture
+def lifecycle(observers: None, service: ServiceFactory) -> ServiceProcess:
+    """The process under test: a lifecycle of its own, beside the module's watcher and health."""
+    return service("lifecycle")
 
 
 async def lifecycle_events(nats_url: str, namespace: str, name: str) -> list[LifecycleEvent]:
@@ -247,33 +169,13 @@ def job_watch(testbed: Endpoints, namespace: str, tmp_path: Path) -> Iterator[Jo
 # ---------------------------------------------------------------------- MLBatch samples
 
 
-def pytorchjob_sample() -> dict[str, Any]:
-    """The unwrapped PyTorchJob of the MLBatch usage guide, as written there."""
-    lines = MLBATCH_USAGE.read_text().splitlines()
-    start = lines.index("kind: PyTorchJob") - 1
-    end = lines.index("", start)
-    doc: dict[str, Any] = yaml.safe_load("\n".join(lines[start:end]))
-    assert doc["apiVersion"] == "kubeflow.org/v1"
-    return doc
-
-
 def mlbatch_sample(name: str) -> dict[str, Any]:
-    """The MLBatch samples by their file names in the guide (samples/<name>.yaml)."""
-    samples = [yaml.safe_load(text) for text in mlbatch_appwrapper_samples()]
-    if name == "job":
-        return next(s for s in samples if [c["template"]["kind"] for c in s["spec"]["components"]] == ["Job"])
-    if name == "job-with-podgroup":
-        return next(
-            s for s in samples if any(c["template"]["kind"] == "PodGroup" for c in s["spec"]["components"])
-        )
-    # The guide submits this one unwrapped; wrapping it is the recommended way.
-    job = pytorchjob_sample()
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": {"name": job["metadata"]["name"]},
-        "spec": {"components": [{"template": job}]},
-    }
+    """An MLBatch sample by its file name in the guide, as an AppWrapper."""
+    sample = mlbatch.load(name)
+    if sample["kind"] == "AppWrapper":
+        return sample
+    # The guide submits its PyTorchJob unwrapped; wrapping it is the recommended way.
+    return manifests.appwrapper(sample["metadata"]["name"], manifests.component(sample))
 
 
 def with_pods_succeeding(aw: dict[str, Any], after: str) -> dict[str, Any]:
@@ -286,13 +188,11 @@ def with_pods_succeeding(aw: dict[str, Any], after: str) -> dict[str, Any]:
     return aw
 
 
-@pytest.mark.skipif(not MLBATCH_USAGE.exists(), reason="MLBatch usage guide not available")
 @pytest.mark.parametrize("sample", ["job", "job-with-podgroup", "pytorchjob"])
 async def test_mlbatch_sample_runs_unchanged_to_succeeded(
-    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory, sample: str
+    testbed: Endpoints, namespace: str, lifecycle: ServiceProcess, sample: str
 ) -> None:
     kc = testbed.kubeconfig
-    service("lifecycle")
     aw = with_pods_succeeding(mlbatch_sample(sample), "1s")
     # No Kueue on the testbed: none of the samples asks to be suspended, so nothing to admit.
     assert aw["spec"].get("suspend") is not True
@@ -300,8 +200,8 @@ async def test_mlbatch_sample_runs_unchanged_to_succeeded(
     apply(kc, namespace, aw)
 
     done = await wait_phase(kc, namespace, name, "Succeeded", within=60)
-    status = status_of(done)
-    assert status.get("resettingCount", 0) == 0
+    status = read_appwrapper(done)
+    assert status.resetting_count == 0
     assert condition(done, "QuotaReserved")["status"] == "False"
     assert condition(done, "ResourcesDeployed")["reason"] == "Succeeded"
     assert FINALIZER in done["metadata"]["finalizers"]
@@ -309,7 +209,7 @@ async def test_mlbatch_sample_runs_unchanged_to_succeeded(
     pods = labelled_pods(kc, namespace, name)
     assert len(pods) == expected and all(p["status"]["phase"] == "Succeeded" for p in pods)
     # Every component was created, labelled and owned by its AppWrapper.
-    for entry, component in zip(status["componentStatus"], aw["spec"]["components"], strict=True):
+    for entry, component in zip(status.component_status, aw["spec"]["components"], strict=True):
         obj = get_component(kc, namespace, component["template"], entry["name"])
         assert obj["metadata"]["labels"][APPWRAPPER_LABEL] == name
         owner = [o for o in obj["metadata"]["ownerReferences"] if o.get("controller")]
@@ -320,31 +220,22 @@ async def test_mlbatch_sample_runs_unchanged_to_succeeded(
 
 
 async def test_pod_failing_once_is_reset_recreated_and_succeeds(
-    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+    testbed: Endpoints, namespace: str, lifecycle: ServiceProcess
 ) -> None:
     kc = testbed.kubeconfig
-    service("lifecycle")
     # A retry pause long enough to watch the Resetting phase go by.
-    apply(
-        kc,
-        namespace,
-        job_appwrapper(
-            "once",
-            pod_annotations={sim.SUCCEED_AFTER: "4s"},
-            annotations={RETRY_PAUSE_PERIOD_ANNOTATION: "4s"},
-        ),
-    )
+    submit(kc, namespace, "once", pod_annotations={sim.SUCCEED_AFTER: "4s"}, retry_pause="4s")
     await wait_phase(kc, namespace, "once", "Running")
     first = await until("a running pod", lambda: running_pods(kc, namespace, "once"))
     first_job_uid = jobs(kc, namespace)[0]["metadata"]["uid"]
 
     sim.fail_pod(kc, namespace, first[0]["metadata"]["name"], exit_code=1)
     resetting = await wait_phase(kc, namespace, "once", "Resetting", within=20)
-    assert status_of(resetting)["resettingCount"] == 1
+    assert read_appwrapper(resetting).resetting_count == 1
     assert condition(resetting, "QuotaReserved")["status"] == "True"  # kept throughout the reset
 
     done = await wait_phase(kc, namespace, "once", "Succeeded", within=40)
-    assert status_of(done)["resettingCount"] == 1
+    assert read_appwrapper(done).resetting_count == 1
     [job] = jobs(kc, namespace)
     assert job["metadata"]["uid"] != first_job_uid  # recreated, not reused
     pods = labelled_pods(kc, namespace, "once")
@@ -363,31 +254,25 @@ async def test_pod_failing_once_is_reset_recreated_and_succeeds(
 
 
 async def test_always_failing_workload_ends_failed_at_the_retry_limit_with_nothing_left(
-    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+    testbed: Endpoints, namespace: str, lifecycle: ServiceProcess
 ) -> None:
     kc = testbed.kubeconfig
-    service("lifecycle")
-    apply(
-        kc,
-        namespace,
-        job_appwrapper(
-            "doomed", pod_annotations={sim.FAIL_AFTER: "1s"}, annotations={RETRY_LIMIT_ANNOTATION: "2"}
-        ),
-    )
+    submit(kc, namespace, "doomed", pod_annotations={sim.FAIL_AFTER: "1s"}, retry_limit=2)
     failed = await wait_phase(kc, namespace, "doomed", "Failed", within=60)
-    assert status_of(failed)["resettingCount"] == 2
+    assert read_appwrapper(failed).resetting_count == 2
     assert condition(failed, "Unhealthy")["status"] == "True"
     assert "retry limit of 2 is reached" in " ".join(
         e["message"] for e in events_of(kc, namespace, "doomed") if e["reason"] == "Failed"
     )
 
-    def cleaned() -> dict[str, Any] | None:
-        aw = get_appwrapper(kc, namespace, "doomed")
-        return aw if condition(aw, "QuotaReserved").get("status") == "False" else None
-
-    final = await until("resources and quota released", cleaned, within=30)
+    final = await until(
+        "resources and quota released",
+        lambda: get_appwrapper(kc, namespace, "doomed"),
+        done=lambda aw: condition(aw, "QuotaReserved").get("status") == "False",
+        within=30,
+    )
     assert condition(final, "ResourcesDeployed")["status"] == "False"
-    assert status_of(final)["phase"] == "Failed"
+    assert read_appwrapper(final).phase == "Failed"
     assert jobs(kc, namespace) == []
     assert labelled_pods(kc, namespace, "doomed") == []
     events = await lifecycle_events(testbed.nats_url, namespace, "doomed")
@@ -398,19 +283,16 @@ async def test_always_failing_workload_ends_failed_at_the_retry_limit_with_nothi
 
 
 async def test_stuck_terminating_pod_is_removed_only_by_forceful_deletion(
-    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+    testbed: Endpoints, namespace: str, lifecycle: ServiceProcess
 ) -> None:
     kc = testbed.kubeconfig
-    service("lifecycle")
     forceful = 4
-    apply(
+    submit(
         kc,
         namespace,
-        job_appwrapper(
-            "stuck",
-            pod_annotations={sim.STUCK_TERMINATING: "true"},
-            annotations={FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION: f"{forceful}s"},
-        ),
+        "stuck",
+        pod_annotations={sim.STUCK_TERMINATING: "true"},
+        forceful_deletion_grace=f"{forceful}s",
     )
     await wait_phase(kc, namespace, "stuck", "Running")
     [pod] = await until("a running pod", lambda: running_pods(kc, namespace, "stuck"))
@@ -420,28 +302,33 @@ async def test_stuck_terminating_pod_is_removed_only_by_forceful_deletion(
     )
 
     # The graceful stage: the Job is deleted, its pod is marked for deletion but stays.
-    def terminating() -> dict[str, Any]:
-        pods = labelled_pods(kc, namespace, "stuck")
-        return pods[0] if pods and pods[0]["metadata"].get("deletionTimestamp") else {}
-
-    stuck = await until("the pod to be terminating", terminating, within=15)
+    terminating = await until(
+        "the pod to be terminating",
+        lambda: labelled_pods(kc, namespace, "stuck"),
+        done=lambda pods: pods and pods[0]["metadata"].get("deletionTimestamp"),
+        within=15,
+    )
+    stuck = terminating[0]
     assert stuck["metadata"]["name"] == pod_name
     assert stuck["metadata"]["deletionGracePeriodSeconds"] > 0  # a graceful delete, not forced
 
     # Until the pod is gone, the resources count as deployed (the quota is not free). The
     # AppWrapper is read before the pods: once it says "not deployed", the pod must be gone.
     seen_terminating = last_seen = time.monotonic()
-    while True:
+
+    def undeployed() -> bool:
+        nonlocal last_seen
         aw = get_appwrapper(kc, namespace, "stuck")
         pods = labelled_pods(kc, namespace, "stuck")
         if condition(aw, "ResourcesDeployed")["status"] == "False":
             assert pods == [], "ResourcesDeployed turned False while a pod was left"
-            break
-        assert status_of(aw)["phase"] == "Suspending"
+            return True
+        assert read_appwrapper(aw).phase == "Suspending"
         if pods:
             last_seen = time.monotonic()
-        assert time.monotonic() - seen_terminating < 30, "the stuck pod was never removed"
-        await asyncio.sleep(0.1)
+        return False
+
+    await until("the stuck pod to be removed", undeployed, within=30, every=0.1)
     # The graceful delete alone never removed it: it stayed until the forceful deadline (the
     # clock starts at a whole second, as every metav1.Time, so up to 1s of it may be gone
     # before the pod is first seen terminating here).
@@ -462,13 +349,12 @@ async def test_stuck_terminating_pod_is_removed_only_by_forceful_deletion(
 
 
 async def test_suspend_deletes_everything_and_resume_runs_again(
-    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+    testbed: Endpoints, namespace: str, lifecycle: ServiceProcess
 ) -> None:
     kc = testbed.kubeconfig
-    service("lifecycle")
-    apply(kc, namespace, job_appwrapper("pausable", parallelism=2))
+    submit(kc, namespace, "pausable", pods=2)
     await wait_phase(kc, namespace, "pausable", "Running")
-    await until("two running pods", lambda: len(running_pods(kc, namespace, "pausable")) == 2)
+    await until("two running pods", lambda: running_pods(kc, namespace, "pausable"), done=two)
     [job] = jobs(kc, namespace)
 
     patch = ["patch", "appwrapper", "pausable", "-n", namespace, "--type=merge", "-p"]
@@ -484,25 +370,24 @@ async def test_suspend_deletes_everything_and_resume_runs_again(
     kubectl(kc, *patch, '{"spec":{"suspend":false}}')
     running = await wait_phase(kc, namespace, "pausable", "Running", within=20)
     assert condition(running, "QuotaReserved")["status"] == "True"
-    await until("two running pods again", lambda: len(running_pods(kc, namespace, "pausable")) == 2)
+    await until("two running pods again", lambda: running_pods(kc, namespace, "pausable"), done=two)
     [again] = jobs(kc, namespace)
     assert again["metadata"]["uid"] != job["metadata"]["uid"]
-    assert status_of(running).get("resettingCount", 0) == 0  # a suspension is not a reset
+    assert read_appwrapper(running).resetting_count == 0  # a suspension is not a reset
 
 
 async def test_component_deleted_behind_the_controllers_back_fails_the_appwrapper(
-    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+    testbed: Endpoints, namespace: str, lifecycle: ServiceProcess
 ) -> None:
     kc = testbed.kubeconfig
-    service("lifecycle")
-    apply(kc, namespace, job_appwrapper("victim"))
+    submit(kc, namespace, "victim")
     await wait_phase(kc, namespace, "victim", "Running")
     await until("a running pod", lambda: running_pods(kc, namespace, "victim"))
 
     sim.delete_component(kc, namespace, "job", "victim-job")
     failed = await wait_phase(kc, namespace, "victim", "Failed", within=20)
     assert condition(failed, "Unhealthy")["reason"] == "MissingComponent"
-    assert status_of(failed).get("resettingCount", 0) == 0  # no retry, whatever the limit
+    assert read_appwrapper(failed).resetting_count == 0  # no retry, whatever the limit
     await until(
         "everything removed", lambda: not jobs(kc, namespace) and not labelled_pods(kc, namespace, "victim")
     )
@@ -513,27 +398,22 @@ async def test_component_deleted_behind_the_controllers_back_fails_the_appwrappe
 
 
 async def test_deleting_the_appwrapper_mid_reset_leaves_nothing_behind(
-    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+    testbed: Endpoints, namespace: str, lifecycle: ServiceProcess
 ) -> None:
     kc = testbed.kubeconfig
-    service("lifecycle")
     # Pods that only a forceful delete removes keep the reset's deletion going while the
     # AppWrapper is deleted; a long pause would keep it in Resetting afterwards.
-    apply(
+    submit(
         kc,
         namespace,
-        job_appwrapper(
-            "doomed",
-            parallelism=2,
-            pod_annotations={sim.STUCK_TERMINATING: "true"},
-            annotations={
-                RETRY_PAUSE_PERIOD_ANNOTATION: "60s",
-                FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION: "4s",
-            },
-        ),
+        "doomed",
+        pods=2,
+        pod_annotations={sim.STUCK_TERMINATING: "true"},
+        retry_pause="60s",
+        forceful_deletion_grace="4s",
     )
     await wait_phase(kc, namespace, "doomed", "Running")
-    pods = await until("two running pods", lambda: exactly_running(kc, namespace, "doomed", 2))
+    pods = await until("two running pods", lambda: running_pods(kc, namespace, "doomed"), done=two)
     sim.fail_pod(kc, namespace, pods[0]["metadata"]["name"])
     mid = await wait_phase(kc, namespace, "doomed", "Resetting", within=20)
     assert condition(mid, "ResourcesDeployed")["status"] == "True"  # the reset's deletion is under way
@@ -552,27 +432,22 @@ async def test_deleting_the_appwrapper_mid_reset_leaves_nothing_behind(
 
 
 async def test_lifecycle_killed_mid_reset_is_replaced_and_the_reset_completes_with_the_right_count(
-    testbed: Endpoints, observers: None, namespace: str, service: ServiceFactory
+    testbed: Endpoints, namespace: str, service: ServiceFactory, lifecycle: ServiceProcess
 ) -> None:
     kc = testbed.kubeconfig
-    lifecycle = service("lifecycle")
     # Pods that only a forceful delete removes hold the reset in its deletion stage, so the
     # kill lands in the middle of it.
-    apply(
+    submit(
         kc,
         namespace,
-        job_appwrapper(
-            "phoenix",
-            parallelism=2,
-            pod_annotations={sim.SUCCEED_AFTER: "5s", sim.STUCK_TERMINATING: "true"},
-            annotations={
-                RETRY_PAUSE_PERIOD_ANNOTATION: "3s",
-                FORCEFUL_DELETION_GRACE_PERIOD_ANNOTATION: "4s",
-            },
-        ),
+        "phoenix",
+        pods=2,
+        pod_annotations={sim.SUCCEED_AFTER: "5s", sim.STUCK_TERMINATING: "true"},
+        retry_pause="3s",
+        forceful_deletion_grace="4s",
     )
     await wait_phase(kc, namespace, "phoenix", "Running")
-    pods = await until("two running pods", lambda: exactly_running(kc, namespace, "phoenix", 2))
+    pods = await until("two running pods", lambda: running_pods(kc, namespace, "phoenix"), done=two)
     first_job_uid = jobs(kc, namespace)[0]["metadata"]["uid"]
 
     sim.fail_pod(kc, namespace, pods[0]["metadata"]["name"])
@@ -580,14 +455,18 @@ async def test_lifecycle_killed_mid_reset_is_replaced_and_the_reset_completes_wi
     lifecycle.kill()
     assert not lifecycle.alive()
     killed_during = get_appwrapper(kc, namespace, "phoenix")
-    assert status_of(killed_during)["resettingCount"] == 1
+    assert read_appwrapper(killed_during).resetting_count == 1
     assert condition(killed_during, "ResourcesDeployed")["status"] == "True"  # still deleting
 
     # With no lifecycle running, the reset stands still past its forceful deadline and pause...
-    await asyncio.sleep(4.5)
-    stalled = get_appwrapper(kc, namespace, "phoenix")
-    assert status_of(stalled)["phase"] == "Resetting"
-    assert condition(stalled, "ResourcesDeployed")["status"] == "True"
+    def stalled() -> bool:
+        aw = get_appwrapper(kc, namespace, "phoenix")
+        return (
+            read_appwrapper(aw).phase == "Resetting"
+            and condition(aw, "ResourcesDeployed")["status"] == "True"
+        )
+
+    await holds("the reset standing still (Resetting, resources deployed)", stalled, during=4.5)
     assert [p["metadata"]["name"] for p in labelled_pods(kc, namespace, "phoenix")] == [
         pods[1]["metadata"]["name"]
     ]
@@ -595,7 +474,7 @@ async def test_lifecycle_killed_mid_reset_is_replaced_and_the_reset_completes_wi
     service("lifecycle", instance="2")
 
     done = await wait_phase(kc, namespace, "phoenix", "Succeeded", within=40)
-    assert status_of(done)["resettingCount"] == 1
+    assert read_appwrapper(done).resetting_count == 1
     [job] = jobs(kc, namespace)
     assert job["metadata"]["uid"] != first_job_uid
     assert {p["status"]["phase"] for p in labelled_pods(kc, namespace, "phoenix")} == {"Succeeded"}
@@ -617,14 +496,14 @@ async def test_two_lifecycle_instances_reset_once_and_create_once_per_attempt(
     fast_resync = {"RESPAWN_LIFECYCLE_RESYNC_PERIOD": "300ms"}
     service("lifecycle", instance="a", env=fast_resync)
     service("lifecycle", instance="b", env=fast_resync)
-    apply(kc, namespace, job_appwrapper("twin", pod_annotations={sim.SUCCEED_AFTER: "4s"}))
+    submit(kc, namespace, "twin", pod_annotations={sim.SUCCEED_AFTER: "4s"})
     await wait_phase(kc, namespace, "twin", "Running")
     [pod] = await until("a running pod", lambda: running_pods(kc, namespace, "twin"))
     assert len(job_watch.created_uids()) == 1
 
     sim.fail_pod(kc, namespace, pod["metadata"]["name"])
     done = await wait_phase(kc, namespace, "twin", "Succeeded", within=40)
-    assert status_of(done)["resettingCount"] == 1
+    assert read_appwrapper(done).resetting_count == 1
     [job] = jobs(kc, namespace)
     uids = job_watch.created_uids()
     assert len(uids) == 2, f"expected one Job per attempt, saw {uids}"

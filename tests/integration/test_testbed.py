@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from respawn.testbed import sim
+from respawn.testbed import manifests, sim
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
-from tests.waiting import until_sync
+from tests.integration.objects import apply
+from tests.waiting import holds_sync, until_sync
 
 pytestmark = pytest.mark.testbed
-
-
-def poll(check: Callable[[], Any], *, timeout: float = 60, what: str) -> Any:
-    return until_sync(what, check, within=timeout)
-
-
-def apply(kubeconfig: Path, namespace: str, manifest: dict[str, Any]) -> None:
-    kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
 
 
 def pods(kubeconfig: Path, namespace: str, selector: str) -> list[dict[str, Any]]:
@@ -32,50 +22,39 @@ def pods(kubeconfig: Path, namespace: str, selector: str) -> list[dict[str, Any]
 
 
 def job(
-    name: str, *, parallelism: int = 1, annotations: dict[str, str] | None = None, **spec: Any
+    name: str, *, parallelism: int = 1, annotations: dict[str, str] | None = None, gpus: int = 0, **spec: Any
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name},
-        "spec": {
-            "parallelism": parallelism,
-            "completions": parallelism,
-            **spec,
-            "template": {
-                "metadata": {"labels": {"app": name}, "annotations": annotations or {}},
-                "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]},
-            },
-        },
-    }
+    """A Job whose pods are labelled app=<name>."""
+    template = manifests.pod_template(labels={"app": name}, annotations=annotations, gpus=gpus)
+    return manifests.job(name, pods=parallelism, template=template, **spec)
 
 
 def test_job_pods_are_scheduled_run_and_succeed(testbed: Endpoints, namespace: str) -> None:
     kc = testbed.kubeconfig
     apply(kc, namespace, job("ok", parallelism=2, annotations={sim.SUCCEED_AFTER: "2s"}))
-    running = poll(
+    running = until_sync(
+        "2 running pods",
         lambda: [p for p in pods(kc, namespace, "app=ok") if p["status"].get("phase") == "Running"],
-        what="2 running pods",
     )
     for p in running:
         assert p["spec"]["nodeName"].startswith("kwok-node-"), "bound to a fake node by the real scheduler"
-    poll(
-        lambda: len([p for p in pods(kc, namespace, "app=ok") if p["spec"].get("nodeName")]) == 2,
-        what="2 bound",
+    until_sync(
+        "2 bound", lambda: len([p for p in pods(kc, namespace, "app=ok") if p["spec"].get("nodeName")]) == 2
     )
-    poll(
+    until_sync(
+        "both pods Succeeded",
         lambda: [p["status"]["phase"] for p in pods(kc, namespace, "app=ok")] == ["Succeeded", "Succeeded"],
-        what="both pods Succeeded",
     )
-    conds = poll(
+    conds = until_sync(
+        "job conditions",
         lambda: [
             c["type"]
             for c in sim.get_json(kc, "job", "ok", "-n", namespace)["status"].get("conditions", [])
             if c["status"] == "True"
         ],
-        what="job conditions",
     )
-    poll(
+    until_sync(
+        f"Job Complete (had {conds})",
         lambda: (
             "Complete"
             in [
@@ -84,7 +63,6 @@ def test_job_pods_are_scheduled_run_and_succeed(testbed: Endpoints, namespace: s
                 if c["status"] == "True"
             ]
         ),
-        what=f"Job Complete (had {conds})",
     )
 
 
@@ -97,38 +75,38 @@ def test_fail_after_pod_fails_with_exit_code_and_job_controller_reacts(
     def failed() -> list[dict[str, Any]]:
         return [p for p in pods(kc, namespace, "app=bad") if p["status"].get("phase") == "Failed"]
 
-    first = poll(failed, what="a Failed pod")[0]
+    first = until_sync("a Failed pod", failed)[0]
     term = first["status"]["containerStatuses"][0]["state"]["terminated"]
     assert term["exitCode"] == 42
     # backoffLimit 1: the Job controller replaces the failed pod once, then marks the Job Failed.
-    poll(lambda: len(failed()) >= 2, timeout=90, what="the Job controller's replacement pod to fail too")
-    poll(
+    until_sync("the Job controller's replacement pod to fail too", lambda: len(failed()) >= 2, within=90)
+    until_sync(
+        "Job Failed condition",
         lambda: any(
             c["type"] == "Failed" and c["status"] == "True"
             for c in sim.get_json(kc, "job", "bad", "-n", namespace)["status"].get("conditions", [])
         ),
-        timeout=90,
-        what="Job Failed condition",
+        within=90,
     )
 
 
 def test_status_patch_is_not_overwritten(testbed: Endpoints, namespace: str) -> None:
     kc = testbed.kubeconfig
     apply(kc, namespace, job("patched"))
-    pod = poll(
+    pod = until_sync(
+        "running pod",
         lambda: [p for p in pods(kc, namespace, "app=patched") if p["status"].get("phase") == "Running"],
-        what="running pod",
     )[0]["metadata"]["name"]
     sim.fail_pod(kc, namespace, pod, exit_code=7)
-    got = poll(
+    got = until_sync(
+        "pod Failed after patch",
         lambda: sim.get_json(kc, "pod", pod, "-n", namespace)["status"].get("phase") == "Failed",
-        what="pod Failed after patch",
     )
     assert got
     # Give kwok every chance to (wrongly) rewrite it: the Job controller must see the failure instead.
-    poll(
+    until_sync(
+        "Job controller counts the failed pod",
         lambda: sim.get_json(kc, "job", "patched", "-n", namespace)["status"].get("failed", 0) >= 1,
-        what="Job controller counts the failed pod",
     )
     status = sim.get_json(kc, "pod", pod, "-n", namespace)["status"]
     assert status["phase"] == "Failed"
@@ -138,50 +116,44 @@ def test_status_patch_is_not_overwritten(testbed: Endpoints, namespace: str) -> 
 def test_garbage_collector_and_stuck_terminating(testbed: Endpoints, namespace: str) -> None:
     kc = testbed.kubeconfig
     apply(kc, namespace, job("gc", parallelism=2))
-    poll(lambda: len(pods(kc, namespace, "app=gc")) == 2, what="2 pods")
+    until_sync("2 pods", lambda: len(pods(kc, namespace, "app=gc")) == 2)
     kubectl(kc, "delete", "job", "gc", "-n", namespace, "--cascade=background", "--wait=false")
-    poll(lambda: pods(kc, namespace, "app=gc") == [], what="the garbage collector to delete the Job's pods")
+    until_sync("the garbage collector to delete the Job's pods", lambda: pods(kc, namespace, "app=gc") == [])
 
     apply(kc, namespace, job("stuck", annotations={sim.STUCK_TERMINATING: "true"}))
-    pod = poll(
+    pod = until_sync(
+        "running stuck pod",
         lambda: [p for p in pods(kc, namespace, "app=stuck") if p["status"].get("phase") == "Running"],
-        what="running stuck pod",
     )[0]["metadata"]["name"]
     kubectl(kc, "delete", "job", "stuck", "-n", namespace, "--cascade=orphan", "--wait=false")
     kubectl(kc, "delete", "pod", pod, "-n", namespace, "--wait=false")
-    poll(
+    until_sync(
+        "deletionTimestamp set",
         lambda: sim.get_json(kc, "pod", pod, "-n", namespace)["metadata"].get("deletionTimestamp"),
-        what="deletionTimestamp set",
     )
     # The graceful delete must not complete: check it is still there after kwok had ample time.
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        assert kubectl(kc, "get", "pod", pod, "-n", namespace, check=False).returncode == 0, (
-            "graceful delete completed"
-        )
-        time.sleep(0.3)
+    holds_sync(
+        "the pod being there (graceful delete not completed)",
+        lambda: kubectl(kc, "get", "pod", pod, "-n", namespace, check=False).returncode == 0,
+        during=3,
+        every=0.3,
+    )
     kubectl(kc, "delete", "pod", pod, "-n", namespace, "--grace-period=0", "--force", "--wait=false")
-    poll(
+    until_sync(
+        "pod gone after grace-0 delete",
         lambda: kubectl(kc, "get", "pod", pod, "-n", namespace, check=False).returncode != 0,
-        what="pod gone after grace-0 delete",
     )
 
 
 def test_stuck_init_stays_pending(testbed: Endpoints, namespace: str) -> None:
     kc = testbed.kubeconfig
-    manifest = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "init", "labels": {"app": "init"}, "annotations": {sim.STUCK_INIT: "true"}},
-        "spec": {
-            "initContainers": [{"name": "setup", "image": "busybox"}],
-            "containers": [{"name": "main", "image": "busybox"}],
-        },
-    }
+    manifest = manifests.pod(
+        "init", labels={"app": "init"}, annotations={sim.STUCK_INIT: "true"}, init_container=True
+    )
     apply(kc, namespace, manifest)
-    status = poll(
+    status = until_sync(
+        "init container status",
         lambda: sim.get_json(kc, "pod", "init", "-n", namespace)["status"].get("initContainerStatuses"),
-        what="init container status",
     )
     assert "running" in status[0]["state"]
     assert sim.get_json(kc, "pod", "init", "-n", namespace)["status"]["phase"] == "Pending"
@@ -194,21 +166,19 @@ def test_gpu_capacity_limits_scheduling_and_evict_label_keeps_node_ready(
     nodes = sim.get_json(kc, "nodes")["items"]
     total_gpus = sum(int(n["status"]["allocatable"]["nvidia.com/gpu"]) for n in nodes)
     assert total_gpus == 8 * len(nodes)
-    big = job("gpu", parallelism=len(nodes) + 1)
-    big["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 8}}
-    apply(kc, namespace, big)
-    poll(
+    apply(kc, namespace, job("gpu", parallelism=len(nodes) + 1, gpus=8))
+    until_sync(
+        "one 8-GPU pod per node",
         lambda: len([p for p in pods(kc, namespace, "app=gpu") if p["spec"].get("nodeName")]) == len(nodes),
-        what="one 8-GPU pod per node",
     )
-    pending = poll(
+    pending = until_sync(
+        "the extra pod to be Unschedulable",
         lambda: [
             p
             for p in pods(kc, namespace, "app=gpu")
             if not p["spec"].get("nodeName")
             and any(c.get("reason") == "Unschedulable" for c in p["status"].get("conditions", []))
         ],
-        what="the extra pod to be Unschedulable",
     )
     assert len(pending) == 1
     kubectl(kc, "delete", "job", "gpu", "-n", namespace, "--wait=false")
@@ -227,49 +197,29 @@ def test_gpu_capacity_limits_scheduling_and_evict_label_keeps_node_ready(
 def test_pytorchjob_runs_pods_and_reports_failure(testbed: Endpoints, namespace: str) -> None:
     kc = testbed.kubeconfig
 
-    def replica(n: int) -> dict[str, Any]:
-        return {
-            "replicas": n,
-            "restartPolicy": "Never",
-            "template": {
-                "spec": {
-                    "containers": [{"name": "pytorch", "image": "pytorch", "command": ["python", "train.py"]}]
-                }
-            },
-        }
-
-    apply(
-        kc,
-        namespace,
-        {
-            "apiVersion": "kubeflow.org/v1",
-            "kind": "PyTorchJob",
-            "metadata": {"name": "ptj"},
-            "spec": {"pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(2)}},
-        },
-    )
+    apply(kc, namespace, manifests.pytorchjob("ptj", replicas={"Master": 1, "Worker": 2}))
     sel = "training.kubeflow.org/job-name=ptj"
-    running = poll(
+    running = until_sync(
+        "3 running PyTorchJob pods",
         lambda: (
             len(ps := [p for p in pods(kc, namespace, sel) if p["status"].get("phase") == "Running"]) == 3
             and ps
         ),
-        timeout=90,
-        what="3 running PyTorchJob pods",
+        within=90,
     )
     worker = next(
         p for p in running if p["metadata"]["labels"].get("training.kubeflow.org/replica-type") == "worker"
     )
     sim.fail_pod(kc, namespace, worker["metadata"]["name"], exit_code=1)
-    poll(
+    until_sync(
+        "PyTorchJob Failed condition",
         lambda: any(
             c["type"] == "Failed" and c["status"] == "True"
             for c in sim.get_json(kc, "pytorchjob", "ptj", "-n", namespace)
             .get("status", {})
             .get("conditions", [])
         ),
-        timeout=90,
-        what="PyTorchJob Failed condition",
+        within=90,
     )
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +15,7 @@ import pytest
 from respawn.testbed import binaries
 from respawn.testbed.ports import port_open
 from respawn.testbed.process import pid_alive
-
-RESPAWN = [sys.executable, "-m", "respawn.cli.main"]
+from tests.integration import cli
 
 needs_binaries = pytest.mark.skipif(
     bool(binaries.missing()),
@@ -24,17 +23,8 @@ needs_binaries = pytest.mark.skipif(
 )
 
 
-def respawn(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*RESPAWN, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env or dict(os.environ),
-        check=False,
-    )
+# `local up` starts a whole control plane: it may take minutes on a loaded machine.
+respawn = functools.partial(cli.respawn, timeout=300)
 
 
 def error_line(proc: subprocess.CompletedProcess[str]) -> str:

@@ -2,83 +2,41 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from respawn.testbed import sim
+from respawn.testbed import manifests, sim
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
 from shared import subjects
 from shared.appwrapper.constants import APPWRAPPER_LABEL
 from shared.messages import AppWrapperObservation, ComponentObservation, NodeObservation, PodObservation
 from tests.integration.conftest import ServiceFactory
+from tests.integration.objects import apply
 from tests.integration.observe import Observer
+from tests.waiting import until
 
 pytestmark = pytest.mark.testbed
 
 OBS = subjects.OBSERVATIONS_STREAM
 
 
-def apply(kubeconfig: Path, namespace: str, manifest: dict[str, Any]) -> None:
-    kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
-
-
-def appwrapper(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": {"name": name},
-        "spec": {
-            "suspend": True,
-            "components": [
-                {
-                    "template": {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "metadata": {"name": f"{name}-job"},
-                        "spec": {
-                            "template": {
-                                "spec": {
-                                    "restartPolicy": "Never",
-                                    "containers": [{"name": "c", "image": "busybox"}],
-                                }
-                            }
-                        },
-                    }
-                }
-            ],
-        },
-    }
-
-
 def labelled_job(name: str, aw: str, **annotations: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "labels": {APPWRAPPER_LABEL: aw}},
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"labels": {APPWRAPPER_LABEL: aw}, "annotations": annotations},
-                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]},
-            },
-        },
-    }
+    """A Job labelled as the AppWrapper ``aw``'s, as lifecycle would create it (pods labelled too)."""
+    labels = {APPWRAPPER_LABEL: aw}
+    template = manifests.pod_template(labels=labels, annotations=annotations, container="c")
+    return manifests.job(name, labels=labels, backoffLimit=0, template=template)
 
 
 async def first_pod(kubeconfig: Path, namespace: str, within: float = 30) -> str:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        pods = json.loads(kubectl(kubeconfig, "get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
-        if pods:
-            return str(pods[0]["metadata"]["name"])
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"no pod in {namespace} after {within}s")
+    pods = await until(
+        f"a pod in {namespace}",
+        lambda: sim.get_json(kubeconfig, "pods", "-n", namespace)["items"],
+        within=within,
+    )
+    return str(pods[0]["metadata"]["name"])
 
 
 async def test_watcher_publishes_appwrappers_components_pods_nodes_and_tombstones(
@@ -86,7 +44,7 @@ async def test_watcher_publishes_appwrappers_components_pods_nodes_and_tombstone
 ) -> None:
     kc = testbed.kubeconfig
     watcher = service("watcher")
-    apply(kc, namespace, appwrapper("aw1"))
+    apply(kc, namespace, manifests.job_appwrapper("aw1", suspend=True))
     # The Job stands in for what lifecycle would create: labelled with its AppWrapper.
     apply(kc, namespace, labelled_job("aw1-job", "aw1", **{sim.FAIL_AFTER: "1s", sim.EXIT_CODE: "3"}))
     async with Observer(testbed.nats_url) as obs:

@@ -17,7 +17,6 @@ import os
 import ssl
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,12 +30,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from respawn.testbed import manifests
 from respawn.testbed.cluster import kubectl, kubectl_binary
 from respawn.testbed.modes import Endpoints
 from respawn.testbed.ports import free_port
 from respawn.testbed.process import Proc, start, stop_pid, wait_until
 from services.webhook.admission import sanitize_label
 from shared.appwrapper.constants import QUEUE_NAME_LABEL, USER_ID_LABEL, USER_LABEL
+from tests.waiting import until_sync
 
 pytestmark = pytest.mark.testbed
 
@@ -167,50 +168,15 @@ def _configurations(namespace: str, hook: Webhook) -> list[dict[str, Any]]:
 # Objects
 
 
-def pod_template() -> dict[str, Any]:
-    return {"spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}}
-
-
 def deployment_aw(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name}
-    if labels:
-        metadata["labels"] = labels
-    template = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": f"{name}-web"},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, **pod_template()},
-        },
-    }
-    template["spec"]["template"]["spec"]["restartPolicy"] = "Always"
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": metadata,
-        "spec": {"suspend": True, "components": [{"template": template}]},
-    }
+    template = manifests.pod_template(labels={"app": name}, restart_policy="Always")
+    deployment = manifests.deployment(f"{name}-web", replicas=1, template=template)
+    return manifests.appwrapper(name, manifests.component(deployment), labels=labels, suspend=True)
 
 
 def job_aw(name: str, pod_sets: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    component: dict[str, Any] = {
-        "template": {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": f"{name}-job"},
-            "spec": {"template": pod_template()},
-        }
-    }
-    if pod_sets is not None:
-        component["podSets"] = pod_sets
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": {"name": name},
-        "spec": {"suspend": True, "components": [component]},
-    }
+    job = manifests.job(f"{name}-job")
+    return manifests.appwrapper(name, manifests.component(job, pod_sets=pod_sets), suspend=True)
 
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
@@ -261,32 +227,21 @@ def registered(testbed: Endpoints, namespace: str, webhook: Webhook) -> Iterator
 def _wait_in_force(testbed: Endpoints, namespace: str) -> None:
     # The API server picks up new webhook configurations asynchronously; server-side dry runs
     # (allowed: both webhooks declare no side effects) show when both are consulted.
-    deadline = time.monotonic() + 30
-    while True:
-        mutated = create(
-            lambda *a, **k: kubectl(testbed.kubeconfig, *a, check=False, **k),
-            namespace,
-            job_aw("probe"),
-            "--dry-run=server",
-            "-o",
-            "json",
-        )
+    run = admin(testbed)
+
+    def probe() -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+        mutated = create(run, namespace, job_aw("probe"), "--dry-run=server", "-o", "json")
         rejected = create(
-            lambda *a, **k: kubectl(testbed.kubeconfig, *a, check=False, **k),
-            namespace,
-            job_aw("probe", [{"path": "template.spec.nosuch"}]),
-            "--dry-run=server",
+            run, namespace, job_aw("probe", [{"path": "template.spec.nosuch"}]), "--dry-run=server"
         )
+        return mutated, rejected
+
+    def in_force(answers: tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]) -> bool:
+        mutated, rejected = answers
         labels = json.loads(mutated.stdout)["metadata"].get("labels", {}) if mutated.returncode == 0 else {}
-        if USER_LABEL in labels and rejected.returncode != 0 and "denied the request" in rejected.stderr:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"webhooks not in force after 30s: mutated={mutated.stdout[:300]!r} "
-                f"{mutated.stderr[:300]!r}, "
-                f"rejected={rejected.returncode} {rejected.stderr[:300]!r}"
-            )
-        time.sleep(0.3)
+        return USER_LABEL in labels and rejected.returncode != 0 and "denied the request" in rejected.stderr
+
+    until_sync("both webhooks to be in force", probe, done=in_force, within=30, every=0.3)
 
 
 @dataclass
@@ -376,6 +331,26 @@ def alice(testbed: Endpoints, namespace: str, tmp_path: Path) -> User:
     return User(who, uid, run)
 
 
+def admitted(
+    attempt: Callable[[], subprocess.CompletedProcess[str]], refusal: str
+) -> subprocess.CompletedProcess[str]:
+    """The first successful ``attempt``: a Role change reaches the authorizer through an informer,
+    so attempts are refused with ``refusal`` (and nothing else) until it has."""
+
+    def tried() -> subprocess.CompletedProcess[str]:
+        result = attempt()
+        assert result.returncode == 0 or refusal in result.stderr, result.stderr
+        return result
+
+    return until_sync(
+        "the request to be admitted once the Role allows it",
+        tried,
+        done=lambda r: r.returncode == 0,
+        within=15,
+        every=0.3,
+    )
+
+
 def admin(testbed: Endpoints) -> Kubectl:
     def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return kubectl(testbed.kubeconfig, *args, stdin=stdin, check=False)
@@ -409,12 +384,9 @@ def test_user_with_deployment_rights_is_admitted_with_queue_and_user_labels(
     # Still refused until the Role grants Deployments: the control for the change below.
     assert create(alice.run, namespace, deployment_aw("web")).returncode != 0
     _grant(testbed, namespace, {"workload.codeflare.dev": ["appwrappers"], "apps": ["deployments"]})
-    deadline = time.monotonic() + 15
-    while (result := create(alice.run, namespace, deployment_aw("web"))).returncode != 0:
-        # RBAC changes reach the authorizer through an informer: poll for it.
-        assert "not authorized to create Deployment" in result.stderr, result.stderr
-        assert time.monotonic() < deadline, result.stderr
-        time.sleep(0.3)
+    admitted(
+        lambda: create(alice.run, namespace, deployment_aw("web")), "not authorized to create Deployment"
+    )
     labels = get_aw(testbed, namespace, "web")["metadata"]["labels"]
     assert labels == {
         QUEUE_NAME_LABEL: DEFAULT_QUEUE,
@@ -431,11 +403,7 @@ def test_given_queue_is_kept_and_given_user_labels_are_replaced(
     _grant(testbed, namespace, {"workload.codeflare.dev": ["appwrappers"], "batch": ["jobs"]})
     body = job_aw("mine")
     body["metadata"]["labels"] = {QUEUE_NAME_LABEL: "team-queue", USER_LABEL: "someone-else"}
-    deadline = time.monotonic() + 15
-    while (result := create(alice.run, namespace, body)).returncode != 0:
-        assert "not authorized to create Job" in result.stderr, result.stderr
-        assert time.monotonic() < deadline, result.stderr
-        time.sleep(0.3)
+    result = admitted(lambda: create(alice.run, namespace, body), "not authorized to create Job")
     assert f"label {USER_LABEL} is set from the requesting user" in result.stderr  # kubectl's "Warning:"
     labels = get_aw(testbed, namespace, "mine")["metadata"]["labels"]
     assert labels[QUEUE_NAME_LABEL] == "team-queue"

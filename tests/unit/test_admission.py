@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 
+from respawn.testbed import manifests
 from services.webhook.admission import (
     AccessCheck,
     AccessResult,
@@ -44,39 +45,22 @@ LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
 def pod_template() -> dict[str, Any]:
-    return {"spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    return manifests.pod_template(container="c", restart_policy=None)
 
 
 def deployment(replicas: int = 2) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "web"},
-        "spec": {"replicas": replicas, "template": pod_template()},
-    }
+    return manifests.deployment("web", replicas=replicas, template=pod_template())
 
 
 def job() -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "j"},
-        "spec": {"template": pod_template()},
-    }
+    return manifests.job("j", template=pod_template())
 
 
 def appwrapper(
     *templates: dict[str, Any], labels: dict[str, str] | None = None, **component: Any
 ) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": "aw", "namespace": NS}
-    if labels is not None:
-        metadata["labels"] = labels
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": metadata,
-        "spec": {"components": [{"template": t, **component} for t in templates]},
-    }
+    components = ({"template": t, **component} for t in templates)
+    return manifests.appwrapper("aw", *components, namespace=NS, labels=labels)
 
 
 def review(

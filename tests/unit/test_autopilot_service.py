@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -33,19 +33,7 @@ from shared.bus import Delivery, TransientError
 from shared.config import AutopilotConfig, OperatorConfig, ResourceTaint
 from shared.messages import NodeObservation, NodeVerdict, decode
 from shared.runtime import Runtime
-
-GPU = "nvidia.com/gpu"
-RDMA = "rdma/ib"
-HEALTH = "autopilot.ibm.com/gpuhealth"
-NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
-
-TAINTS: dict[str, list[ResourceTaint]] = {
-    GPU: [
-        ResourceTaint(key=HEALTH, value="WARN", effect="PreferNoSchedule"),
-        ResourceTaint(key=HEALTH, value="ERR", effect="NoSchedule"),
-        ResourceTaint(key=HEALTH, value="EVICT", effect="NoExecute"),
-    ]
-}
+from tests.unit.test_autopilot_nodes import GPU, HEALTH, NOW, RDMA, TAINTS
 
 
 def node(name: str, value: str | None = None, *, deleted: bool = False) -> NodeObservation:

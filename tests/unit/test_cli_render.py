@@ -16,6 +16,8 @@ from typer.testing import CliRunner
 
 from respawn.cli import explain, status, tail
 from respawn.cli.main import CLI_OUTPUT_VERSION, app
+from respawn.testbed import manifests
+from respawn.testbed.manifests import condition
 from shared.appwrapper.params import RETRY_LIMIT_ANNOTATION
 from shared.faulttolerance import FaultTolerance
 from shared.messages import (
@@ -46,22 +48,11 @@ def appwrapper(
     annotations: dict[str, str] | None = None,
     conditions: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    status_: dict[str, Any] = {"phase": phase, "conditions": conditions or []}
+    body = manifests.appwrapper(name, namespace=namespace, annotations=annotations or {})
+    body["status"] = {"phase": phase, "conditions": conditions or []}
     if resetting is not None:
-        status_["resettingCount"] = resetting
-    return {
-        "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
-        "status": status_,
-    }
-
-
-def cond(type_: str, status_: str, reason: str, when: datetime) -> dict[str, Any]:
-    return {
-        "type": type_,
-        "status": status_,
-        "reason": reason,
-        "lastTransitionTime": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
+        body["status"]["resettingCount"] = resetting
+    return body
 
 
 # ------------------------------------------------------------------------------------ status
@@ -73,9 +64,9 @@ def test_status_row_reads_phase_attempts_reason_and_newest_transition() -> None:
         phase="Resetting",
         resetting=2,
         conditions=[
-            cond("QuotaReserved", "True", "Resuming", at(0)),
-            cond("Unhealthy", "True", "FoundFailedPods", at(30)),
-            cond("ResourcesDeployed", "True", "Resetting", at(10)),
+            condition("QuotaReserved", "True", reason="Resuming", at=at(0)),
+            condition("Unhealthy", "True", reason="FoundFailedPods", at=at(30)),
+            condition("ResourcesDeployed", "True", reason="Resetting", at=at(10)),
         ],
     )
     row = status.status_row(aw, FaultTolerance(retry_limit=3))
@@ -83,7 +74,9 @@ def test_status_row_reads_phase_attempts_reason_and_newest_transition() -> None:
 
 
 def test_status_row_shows_no_unhealthy_reason_once_the_condition_is_false() -> None:
-    aw = appwrapper("llama", conditions=[cond("Unhealthy", "False", "FoundNoFailedPods", at(0))])
+    aw = appwrapper(
+        "llama", conditions=[condition("Unhealthy", "False", reason="FoundNoFailedPods", at=at(0))]
+    )
     assert status.status_row(aw, FaultTolerance()).unhealthy_reason == ""
 
 

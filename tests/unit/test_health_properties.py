@@ -21,24 +21,10 @@ from hypothesis import strategies as st
 
 from services.health.rules import evaluate
 from services.health.state import AppWrapperHealth, Observation, apply, remember_published
-from shared.appwrapper.params import (
-    ADMISSION_GRACE_PERIOD_ANNOTATION,
-    FAILURE_GRACE_PERIOD_ANNOTATION,
-    RETRYABLE_EXIT_CODES_ANNOTATION,
-    TERMINAL_EXIT_CODES_ANNOTATION,
-    WARMUP_GRACE_PERIOD_ANNOTATION,
-)
+from shared import messages
+from shared.appwrapper import params
 from shared.faulttolerance import FaultTolerance
-from shared.messages import (
-    AppWrapperObservation,
-    ComponentObservation,
-    ContainerState,
-    NodeVerdict,
-    ObjectRef,
-    PodObservation,
-    Verdict,
-    decode,
-)
+from shared.messages import AppWrapperObservation, ComponentObservation, ObjectRef, PodObservation, Verdict
 from tests.unit.test_health_rules import (
     AW,
     GPU,
@@ -84,11 +70,11 @@ annotation_values = st.sampled_from(["0s", "10s", "1m", "-5s", "bad", "25h", "1,
 annotations = st.dictionaries(
     st.sampled_from(
         [
-            ADMISSION_GRACE_PERIOD_ANNOTATION,
-            WARMUP_GRACE_PERIOD_ANNOTATION,
-            FAILURE_GRACE_PERIOD_ANNOTATION,
-            TERMINAL_EXIT_CODES_ANNOTATION,
-            RETRYABLE_EXIT_CODES_ANNOTATION,
+            params.ADMISSION_GRACE_PERIOD_ANNOTATION,
+            params.WARMUP_GRACE_PERIOD_ANNOTATION,
+            params.FAILURE_GRACE_PERIOD_ANNOTATION,
+            params.TERMINAL_EXIT_CODES_ANNOTATION,
+            params.RETRYABLE_EXIT_CODES_ANNOTATION,
         ]
     ),
     annotation_values,
@@ -123,7 +109,7 @@ def appwrapper_observations(draw: st.DrawFn, phase: st.SearchStrategy[str] = PHA
 
 
 containers = st.builds(
-    ContainerState,
+    messages.ContainerState,
     name=st.sampled_from(["main", "sidecar"]),
     init=st.booleans(),
     state=st.sampled_from(["waiting", "running", "terminated", "unknown"]),
@@ -172,7 +158,7 @@ def component_observations(draw: st.DrawFn) -> ComponentObservation:
 
 
 node_verdicts = st.builds(
-    NodeVerdict,
+    messages.NodeVerdict,
     resource=st.sampled_from([GPU, GPU, "example.com/fpga"]),
     no_execute=st.lists(st.sampled_from(NODES[:2]), max_size=2, unique=True).map(tuple),
     decided_at=any_time,
@@ -286,7 +272,7 @@ def test_rules_never_raise_and_only_emit_verdicts_for_changes(
             check_verdict(decision.verdict, before.last_verdict)
             assert decision.msg_id
             # Seeded from the stream (encoded and decoded), an instance agrees nothing changed.
-            seeded = remember_published(before, decode(Verdict, decision.verdict.encode()))
+            seeded = remember_published(before, messages.decode(Verdict, decision.verdict.encode()))
             assert evaluate(seeded, now).verdict is None
         # Same instant, no new input: nothing new.
         assert evaluate(state, now).verdict is None

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from respawn.testbed import manifests
 from services.health.rules import REASON_APPWRAPPER_DELETED, Decision, evaluate, verdict_msg_id
 from services.health.state import AppWrapperHealth, Observation, affected_by, apply, remember_published
 from shared.appwrapper.constants import CONTROLLER_NAME
@@ -55,22 +56,18 @@ def aw_body(
     managed_by: str | None = None,
     uid: str = UID,
 ) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": AW, "namespace": NS, "uid": uid, "annotations": annotations or {}}
+    body = manifests.appwrapper(
+        AW, namespace=NS, annotations=annotations or {}, suspend=suspend, managedBy=managed_by
+    )
+    body["metadata"]["uid"] = uid
     if deletion_timestamp is not None:
-        metadata["deletionTimestamp"] = format_kube_time(deletion_timestamp)
-    spec: dict[str, Any] = {"suspend": suspend, "components": []}
-    if managed_by is not None:
-        spec["managedBy"] = managed_by
+        body["metadata"]["deletionTimestamp"] = format_kube_time(deletion_timestamp)
     conditions = []
     if deployed_at is not None:
         conditions.append(
-            {
-                "type": "ResourcesDeployed",
-                "status": "True",
-                "lastTransitionTime": format_kube_time(deployed_at),
-                "reason": "Resuming",
-                "message": "Suspend is false",
-            }
+            manifests.condition(
+                "ResourcesDeployed", reason="Resuming", message="Suspend is false", at=deployed_at
+            )
         )
     component_status = [
         {
@@ -82,18 +79,13 @@ def aw_body(
         }
         for i, (kind, name) in enumerate(components)
     ]
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": metadata,
-        "spec": spec,
-        "status": {
-            "phase": phase,
-            "resettingCount": resetting_count,
-            "conditions": conditions,
-            "componentStatus": component_status,
-        },
+    body["status"] = {
+        "phase": phase,
+        "resettingCount": resetting_count,
+        "conditions": conditions,
+        "componentStatus": component_status,
     }
+    return body
 
 
 def aw_obs(*, observed_at: datetime = T0, deleted: bool = False, **body: Any) -> AppWrapperObservation:
@@ -642,7 +634,8 @@ def test_pods_of_a_previous_attempt_do_not_count() -> None:
     assert (v.state, v.reason) == ("Healthy", "")
 
 
-def test_after_an_unhealthy_verdict_the_attempt_is_settled() -> None:
+def failed_without_grace() -> Decision:
+    """The verdict on p1 failing at T0+1m with no failure grace period: Unhealthy at once."""
     state = fold(
         [
             aw_obs(annotations={FAILURE_GRACE_PERIOD_ANNOTATION: "0s"}),
@@ -652,6 +645,11 @@ def test_after_an_unhealthy_verdict_the_attempt_is_settled() -> None:
     )
     decided = evaluate(state, T0 + MIN)
     assert decided.verdict is not None and decided.verdict.state == "Unhealthy"
+    return decided
+
+
+def test_after_an_unhealthy_verdict_the_attempt_is_settled() -> None:
+    decided = failed_without_grace()
     # Lifecycle starts the reset: components and pods go away, maybe seen before the phase change.
     state = fold(
         [component(deleted=True, observed_at=T0 + 2 * MIN), pod("p0", deleted=True), pod("p1", deleted=True)],
@@ -663,15 +661,7 @@ def test_after_an_unhealthy_verdict_the_attempt_is_settled() -> None:
 
 
 def test_a_new_attempt_gets_a_new_verdict_and_the_old_failure_is_forgotten() -> None:
-    state = fold(
-        [
-            aw_obs(annotations={FAILURE_GRACE_PERIOD_ANNOTATION: "0s"}),
-            pod("p0"),
-            failed_pod("p1", finished_at=T0 + MIN),
-        ]
-    )
-    first = evaluate(state, T0 + MIN)
-    assert first.verdict is not None and first.verdict.state == "Unhealthy"
+    first = failed_without_grace()
     redeployed = T0 + 5 * MIN
     state = fold(
         [

@@ -1,14 +1,13 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from respawn.testbed import manifests
 from shared.appwrapper.constants import (
     JOB_COMPLETION_INDEX_ANNOTATION,
     JOBSET_JOB_INDEX_LABEL,
@@ -31,46 +30,29 @@ from shared.appwrapper.podsets import (
     validate_appwrapper_pod_sets,
     validate_pod_sets,
 )
-
-MLBATCH_USAGE = Path("/work/shared/reference/mlbatch-usage.txt")
+from tests import mlbatch
 
 
 def pod_template(image: str = "busybox") -> dict[str, Any]:
-    return {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": [{"name": "c", "image": image}]}}
+    return manifests.pod_template(labels={"app": "x"}, container="c", image=image, restart_policy=None)
 
 
 def pod() -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, **pod_template()}
+    return manifests.pod("p", labels={"app": "x"}, container="c", restart_policy=None)
 
 
 def job(**spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "j"},
-        "spec": {**spec, "template": pod_template()},
-    }
+    return manifests.job("j", template=pod_template(), **spec)
 
 
 def workload(kind: str, replicas: int | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"template": pod_template()}
-    if replicas is not None:
-        spec["replicas"] = replicas
-    return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "w"}, "spec": spec}
+    return manifests.deployment("w", replicas=replicas, template=pod_template(), kind=kind)
 
 
 def pytorchjob(*roles: tuple[str, int | None]) -> dict[str, Any]:
-    specs: dict[str, Any] = {}
-    for role, replicas in roles:
-        specs[role] = {"restartPolicy": "OnFailure", "template": pod_template()}
-        if replicas is not None:
-            specs[role]["replicas"] = replicas
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": "t"},
-        "spec": {"pytorchReplicaSpecs": specs},
-    }
+    return manifests.pytorchjob(
+        "t", replicas=dict(roles), template=pod_template(), restart_policy="OnFailure"
+    )
 
 
 def jobset(*replicated: dict[str, Any]) -> dict[str, Any]:
@@ -525,25 +507,8 @@ def test_whole_appwrapper_errors_name_the_component() -> None:
     ]
 
 
-def mlbatch_samples() -> list[dict[str, Any]]:
-    samples: list[dict[str, Any]] = []
-    block: list[str] | None = None
-    for line in [*MLBATCH_USAGE.read_text().splitlines(), ""]:
-        if block is None:
-            block = [line] if line.startswith("apiVersion:") else None
-        elif line.strip():
-            block.append(line)
-        else:
-            doc = yaml.safe_load("\n".join(block))
-            block = None
-            if isinstance(doc, dict) and doc.get("kind") == "AppWrapper":
-                samples.append(doc)
-    return samples
-
-
-@pytest.mark.skipif(not MLBATCH_USAGE.exists(), reason="reference document not present")
 def test_mlbatch_samples_are_valid_and_count_their_pods() -> None:
-    samples = mlbatch_samples()
+    samples = [mlbatch.load(name) for name in mlbatch.APPWRAPPERS]
     assert len(samples) >= 3
     for sample in samples:
         assert validate_appwrapper_pod_sets(parse_appwrapper(sample).spec.components) == []

@@ -1,0 +1,90 @@
+"""Submitting AppWrappers to the testbed and following them through kubectl, as a user would
+(test helpers). What an AppWrapper says is read with the services' own reader,
+:func:`shared.appwrapper.model.read_appwrapper`; the manifests come from ``respawn.testbed.manifests``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from respawn.testbed import manifests, sim
+from respawn.testbed.cluster import kubectl
+from shared.appwrapper.constants import APPWRAPPER_LABEL
+from shared.appwrapper.model import read_appwrapper
+from tests.waiting import until
+
+__all__ = [
+    "FAST_RESET",
+    "apply",
+    "events_of",
+    "get_appwrapper",
+    "jobs",
+    "labelled_pods",
+    "running_pods",
+    "wait_phase",
+]
+
+# Upstream's per-AppWrapper clocks cut to seconds, so that a reset takes seconds, not minutes.
+FAST_RESET = manifests.fault_tolerance(failure_grace="0s", retry_pause="1s", forceful_deletion_grace="5s")
+
+
+def apply(kubeconfig: Path, namespace: str, manifest: dict[str, Any]) -> None:
+    kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
+
+
+def get_appwrapper(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any] | None:
+    """The AppWrapper as stored, without its managedFields (noise in a failure message); None
+    once it is gone."""
+    proc = kubectl(kubeconfig, "get", "appwrapper", name, "-n", namespace, "-o", "json", check=False)
+    if proc.returncode != 0:
+        if "NotFound" in proc.stderr:
+            return None
+        raise AssertionError(f"reading AppWrapper {namespace}/{name}: {proc.stderr}")
+    body: dict[str, Any] = json.loads(proc.stdout)
+    body["metadata"].pop("managedFields", None)
+    return body
+
+
+async def wait_phase(
+    kubeconfig: Path, namespace: str, name: str, phase: str, *, within: float = 30
+) -> dict[str, Any]:
+    """The AppWrapper once its status says ``phase``."""
+    found: dict[str, Any] = await until(
+        f"{namespace}/{name} to reach {phase}",
+        lambda: get_appwrapper(kubeconfig, namespace, name),
+        done=lambda aw: read_appwrapper(aw).phase == phase,
+        within=within,
+    )
+    return found
+
+
+def jobs(kubeconfig: Path, namespace: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = sim.get_json(kubeconfig, "jobs", "-n", namespace)["items"]
+    return items
+
+
+def labelled_pods(kubeconfig: Path, namespace: str, appwrapper: str) -> list[dict[str, Any]]:
+    """The pods labelled as the AppWrapper's, deleting ones included."""
+    selector = f"{APPWRAPPER_LABEL}={appwrapper}"
+    items: list[dict[str, Any]] = sim.get_json(kubeconfig, "pods", "-n", namespace, "-l", selector)["items"]
+    return items
+
+
+def running_pods(kubeconfig: Path, namespace: str, appwrapper: str) -> list[dict[str, Any]]:
+    """The AppWrapper's pods that are Running and not being deleted."""
+    return [
+        p
+        for p in labelled_pods(kubeconfig, namespace, appwrapper)
+        if (p.get("status") or {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def events_of(kubeconfig: Path, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The Kubernetes Events about the AppWrapper ``name``."""
+    selector = f"involvedObject.name={name},involvedObject.kind=AppWrapper"
+    items: list[dict[str, Any]] = sim.get_json(
+        kubeconfig, "events", "-n", namespace, "--field-selector", selector
+    )["items"]
+    return items
