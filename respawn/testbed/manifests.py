@@ -16,12 +16,17 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError, ValidationInfo, field_validator
+
 from shared.appwrapper import params
 from shared.appwrapper.constants import API_VERSION, KIND
+from shared.appwrapper.model import AppWrapperComponent, AppWrapperError, Wire, str_at
 from shared.kubetime import format_kube_time
 
 __all__ = [
     "GPU",
+    "AppWrapper",
+    "AppWrapperSpec",
     "appwrapper",
     "component",
     "condition",
@@ -29,6 +34,7 @@ __all__ = [
     "fault_tolerance",
     "job",
     "job_appwrapper",
+    "parse_appwrapper",
     "pod",
     "pod_template",
     "pytorchjob",
@@ -241,3 +247,65 @@ def condition(
         "message": message,
         "lastTransitionTime": format_kube_time(at),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking a built manifest strictly (the services read received objects defensively instead:
+# shared.appwrapper.model.read_appwrapper)
+
+
+class AppWrapperSpec(Wire):
+    components: list[AppWrapperComponent]
+    suspend: bool = False
+    managed_by: str | None = None
+
+
+class AppWrapper(Wire):
+    """A whole manifest, as :func:`parse_appwrapper` checks it: kind, apiVersion and spec.
+    Metadata and status are kept as they came (unchecked extra fields)."""
+
+    api_version: str
+    kind: str
+    spec: AppWrapperSpec
+
+    @field_validator("api_version", "kind")
+    @classmethod
+    def _known(cls, value: str, info: ValidationInfo) -> str:
+        expected = {"api_version": API_VERSION, "kind": KIND}[info.field_name or ""]
+        if value != expected:
+            raise ValueError(f"expected '{expected}', got '{value}'")
+        return value
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text or "(root)"
+
+
+def _describe(body: Mapping[str, Any]) -> str:
+    name = str_at(body, "metadata", "name") or str_at(body, "metadata", "generateName")
+    if not name:
+        return "AppWrapper"
+    namespace = str_at(body, "metadata", "namespace")
+    return f"AppWrapper {namespace}/{name}" if namespace else f"AppWrapper {name}"
+
+
+def parse_appwrapper(body: Mapping[str, Any]) -> AppWrapper:
+    """Check a whole AppWrapper manifest (as built, or loaded from YAML): kind, apiVersion and
+    every component.
+
+    Raises :class:`AppWrapperError` whose message names every offending field by its JSON path,
+    e.g. ``AppWrapper team1/job is malformed: spec.components[0].podSets[0].path: Field required``.
+    """
+    if not isinstance(body, Mapping):
+        raise AppWrapperError(f"an AppWrapper must be a JSON object, got {type(body).__name__}")
+    try:
+        return AppWrapper.model_validate(body)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors(include_url=False):
+            message = str(err["msg"]).removeprefix("Value error, ")
+            problems.append(f"{_location(tuple(err['loc']))}: {message}")
+        raise AppWrapperError(f"{_describe(body)} is malformed: " + "; ".join(problems)) from None

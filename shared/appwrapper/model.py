@@ -6,15 +6,13 @@ AppWrappers the API server has already checked against the CRD, and must go on j
 whose field is odd anyway; a whole-object model would reject it for that one field. So they read
 field by field, and a problem that matters becomes a warning, never an exception. That reading
 is done here, once, by :func:`read_appwrapper`, which never raises (a missing or mistyped field
-reads as empty). A whole-object pydantic model stood here before beside three hand-written
-readers like it in the services; it was used by tests only, so it went and the readers became
-this one. The lifecycle writes status back as the dict it read, keeping fields it does not know.
+reads as empty). The lifecycle writes status back as the dict it read, keeping fields it does
+not know.
 
 What is validated strictly is what admission and pod-set inference must reject with a message:
 the components (:class:`AppWrapperComponent`, its pod sets and podSetInfos), for the webhook and
-``podsets``. :func:`parse_appwrapper` applies that check to a whole manifest (kind, apiVersion,
-every component) where manifests are built rather than received (tests, benchmark); no service
-calls it.
+``podsets``. (The tools check whole manifests they build with
+``respawn.testbed.manifests.parse_appwrapper``; no service needs that.)
 
 Field names follow upstream's JSON tags, not its documentation: the retry counter is
 ``status.resettingCount`` (the docs call it "retryCount") and declared pod sets are
@@ -27,17 +25,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from shared.appwrapper.constants import API_VERSION, KIND, ConditionStatus, ConditionType
+from shared.appwrapper.constants import ConditionStatus, ConditionType
 
 __all__ = [
-    "AppWrapper",
     "AppWrapperComponent",
     "AppWrapperError",
     "AppWrapperFields",
-    "AppWrapperSpec",
     "PodSet",
     "PodSetInfo",
     "SchedulingGate",
@@ -45,7 +41,6 @@ __all__ = [
     "int_at",
     "list_at",
     "mapping_at",
-    "parse_appwrapper",
     "read_appwrapper",
     "str_at",
 ]
@@ -145,7 +140,7 @@ class AppWrapperError(ValueError):
     """An AppWrapper body that does not match the v1beta2 schema."""
 
 
-class _Wire(BaseModel):
+class Wire(BaseModel):
     # JSON names in camelCase, as shared.config's sections: a deliberate mirror of that base, not
     # one base for both, because these keep the fields they do not know (an object written by a
     # newer upstream passes through whole) where the configuration rejects them.
@@ -158,7 +153,7 @@ class _Wire(BaseModel):
     )
 
 
-class PodSet(_Wire):
+class PodSet(Wire):
     """One pod template inside a component: where it is and how many pods it makes.
 
     ``replicas=None`` means one pod, as upstream.
@@ -173,7 +168,7 @@ class PodSet(_Wire):
         return 1 if self.replicas is None else self.replicas
 
 
-class Toleration(_Wire):
+class Toleration(Wire):
     key: str | None = None
     operator: str | None = None
     value: str | None = None
@@ -181,11 +176,11 @@ class Toleration(_Wire):
     toleration_seconds: int | None = None
 
 
-class SchedulingGate(_Wire):
+class SchedulingGate(Wire):
     name: str
 
 
-class PodSetInfo(_Wire):
+class PodSetInfo(Wire):
     """What Kueue injects into the pod template of the matching pod set on admission."""
 
     annotations: dict[str, str] = Field(default_factory=dict)
@@ -195,7 +190,7 @@ class PodSetInfo(_Wire):
     scheduling_gates: list[SchedulingGate] = Field(default_factory=list)
 
 
-class AppWrapperComponent(_Wire):
+class AppWrapperComponent(Wire):
     annotations: dict[str, str] = Field(default_factory=dict)
     # Upstream's Go field is DeclaredPodSets; an empty list means "infer them".
     pod_sets: list[PodSet] = Field(default_factory=list)
@@ -222,60 +217,3 @@ class AppWrapperComponent(_Wire):
     @property
     def template_api_version(self) -> str:
         return str(self.template["apiVersion"])
-
-
-class AppWrapperSpec(_Wire):
-    components: list[AppWrapperComponent]
-    suspend: bool = False
-    managed_by: str | None = None
-
-
-class AppWrapper(_Wire):
-    """A whole manifest, as :func:`parse_appwrapper` checks it: kind, apiVersion and spec.
-    Metadata and status are kept as they came (unchecked extra fields)."""
-
-    api_version: str
-    kind: str
-    spec: AppWrapperSpec
-
-    @field_validator("api_version", "kind")
-    @classmethod
-    def _known(cls, value: str, info: ValidationInfo) -> str:
-        expected = {"api_version": API_VERSION, "kind": KIND}[info.field_name or ""]
-        if value != expected:
-            raise ValueError(f"expected '{expected}', got '{value}'")
-        return value
-
-
-def _location(loc: tuple[int | str, ...]) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
-    return text or "(root)"
-
-
-def _describe(body: Mapping[str, Any]) -> str:
-    name = str_at(body, "metadata", "name") or str_at(body, "metadata", "generateName")
-    if not name:
-        return "AppWrapper"
-    namespace = str_at(body, "metadata", "namespace")
-    return f"AppWrapper {namespace}/{name}" if namespace else f"AppWrapper {name}"
-
-
-def parse_appwrapper(body: Mapping[str, Any]) -> AppWrapper:
-    """Check a whole AppWrapper manifest (as built, or loaded from YAML): kind, apiVersion and
-    every component.
-
-    Raises :class:`AppWrapperError` whose message names every offending field by its JSON path,
-    e.g. ``AppWrapper team1/job is malformed: spec.components[0].podSets[0].path: Field required``.
-    """
-    if not isinstance(body, Mapping):
-        raise AppWrapperError(f"an AppWrapper must be a JSON object, got {type(body).__name__}")
-    try:
-        return AppWrapper.model_validate(body)
-    except ValidationError as exc:
-        problems = []
-        for err in exc.errors(include_url=False):
-            message = str(err["msg"]).removeprefix("Value error, ")
-            problems.append(f"{_location(tuple(err['loc']))}: {message}")
-        raise AppWrapperError(f"{_describe(body)} is malformed: " + "; ".join(problems)) from None

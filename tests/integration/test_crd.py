@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from respawn.testbed.cluster import kubectl
-from respawn.testbed.manifests import appwrapper, component, condition, job, pod, pytorchjob
+from respawn.testbed.manifests import appwrapper, component, condition, job, parse_appwrapper, pod, pytorchjob
 from shared.appwrapper.constants import CRD_NAME, MAX_POD_SETS
-from shared.appwrapper.model import parse_appwrapper, read_appwrapper
+from shared.appwrapper.model import read_appwrapper
 from shared.appwrapper.podsets import validate_appwrapper_pod_sets
 from tests import mlbatch
 from tests.waiting import until_sync

@@ -32,8 +32,8 @@ from bench.samples import Snapshot, Window, api_requests
 from bench.tracker import Fault
 from bench.workload import appwrapper_manifest
 from respawn.testbed import sim
+from respawn.testbed.manifests import parse_appwrapper
 from shared.appwrapper import params
-from shared.appwrapper.model import parse_appwrapper
 from shared.appwrapper.podsets import (
     component_pod_sets,
     expected_pod_count,

@@ -9,7 +9,7 @@ import pytest
 
 from respawn import demo
 from respawn.testbed import manifests, sim
-from shared.appwrapper.model import parse_appwrapper
+from respawn.testbed.manifests import parse_appwrapper
 from shared.appwrapper.podsets import component_pod_sets, expected_pod_count, validate_appwrapper_pod_sets
 
 

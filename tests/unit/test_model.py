@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from respawn.testbed.manifests import parse_appwrapper
 from shared.appwrapper.constants import CONTROLLER_NAME, ConditionType
 from shared.appwrapper.model import (
     AppWrapperError,
@@ -18,7 +19,6 @@ from shared.appwrapper.model import (
     int_at,
     list_at,
     mapping_at,
-    parse_appwrapper,
     read_appwrapper,
     str_at,
 )

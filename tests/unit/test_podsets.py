@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from respawn.testbed import manifests
+from respawn.testbed.manifests import parse_appwrapper
 from shared.appwrapper.constants import (
     JOB_COMPLETION_INDEX_ANNOTATION,
     JOBSET_JOB_INDEX_LABEL,
@@ -15,7 +16,7 @@ from shared.appwrapper.constants import (
     TAS_SUB_GROUP_COUNT_ANNOTATION,
     TAS_SUB_GROUP_INDEX_LABEL_ANNOTATION,
 )
-from shared.appwrapper.model import AppWrapperComponent, AppWrapperError, PodSet, parse_appwrapper
+from shared.appwrapper.model import AppWrapperComponent, AppWrapperError, PodSet
 from shared.appwrapper.podsets import (
     PodSetPathError,
     can_infer,
