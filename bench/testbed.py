@@ -15,7 +15,7 @@ from bench.config import BenchError
 from bench.controller import start_controller
 from bench.progress import Log
 from respawn.testbed import cluster
-from respawn.testbed.cluster import State, kubectl
+from respawn.testbed.cluster import State, node_readiness
 from respawn.testbed.process import stop_pid
 from respawn.testbed.services import SERVICES
 
@@ -50,14 +50,7 @@ def running_state(state_dir: Path) -> State | None:
 
 
 def ready_nodes(kubeconfig: Path) -> int:
-    out = kubectl(
-        kubeconfig,
-        "get",
-        "nodes",
-        "-o",
-        'jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\\n"}{end}',
-    ).stdout.split()
-    return sum(1 for s in out if s == "True")
+    return node_readiness(kubeconfig)[0]
 
 
 def _interrupted(signum: int, _frame: object) -> None:

@@ -30,6 +30,7 @@ from rich.table import Table
 
 from respawn.testbed import cluster, manifests, services, sim
 from respawn.testbed.cluster import Log, State, kubectl
+from respawn.waiting import WaitTimeout, until
 from shared import subjects
 from shared.messages import LifecycleEvent, Verdict, decode
 
@@ -206,13 +207,15 @@ def _phase(board: Board, name: str) -> str:
 
 
 async def _until(check: Any, board: Board, state: State, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+    async def refreshed() -> bool:
         await asyncio.to_thread(_refresh, state, board)
-        if check():
-            return True
-        await asyncio.sleep(0.3)
-    return False
+        return bool(check())
+
+    try:
+        await until("the demo's next step", refreshed, within=within, every=0.3)
+    except WaitTimeout:
+        return False
+    return True
 
 
 async def _scenario(state: State, board: Board, live: Live, started: float, log: Log) -> list[Incident]:

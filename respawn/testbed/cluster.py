@@ -16,7 +16,6 @@ import os
 import shutil
 import ssl
 import subprocess
-import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 from respawn.testbed import binaries, pki, ports
 from respawn.testbed.errors import TestbedError
 from respawn.testbed.process import Proc, pid_alive, start, stop_pid, tail, wait_until
+from respawn.waiting import until_sync
 
 DEFAULT_STATE_DIR = Path(".respawn")
 ASSETS = Path(__file__).parent / "assets"
@@ -427,15 +427,8 @@ def up(
         )
 
         def nodes_ready() -> bool:
-            out = kubectl(
-                kubeconfig,
-                "get",
-                "nodes",
-                "-o",
-                'jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\\n"}{end}',
-                check=False,
-            ).stdout.split()
-            return len(out) >= nodes and all(s == "True" for s in out)
+            ready, total = node_readiness(kubeconfig)
+            return total >= nodes and ready == total
 
         wait_until(kwok, nodes_ready, timeout=60, what="reporting all nodes Ready", interval=0.3)
 
@@ -492,16 +485,24 @@ def down(state_dir: Path = DEFAULT_STATE_DIR, *, log: Log = _quiet, keep_logs: b
     return found
 
 
+def node_readiness(kubeconfig: Path) -> tuple[int, int]:
+    """(Ready nodes, all nodes) as the API server reports them; (0, 0) while it cannot answer."""
+    out = kubectl(
+        kubeconfig,
+        "get",
+        "nodes",
+        "-o",
+        'jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\\n"}{end}',
+        check=False,
+    ).stdout.split()
+    return sum(1 for s in out if s == "True"), len(out)
+
+
 def wait_for(
     check: Callable[[], bool], *, timeout: float, interval: float = 0.2, what: str = "condition"
 ) -> None:
-    """Poll ``check`` until true or fail with a message naming ``what`` (used by tests and the demo)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+    """Poll ``check`` until true or raise ``TimeoutError`` naming ``what`` (used by tests and the demo)."""
+    until_sync(what, check, within=timeout, every=interval)
 
 
 AUDIT_ENV = "RESPAWN_TESTBED_AUDIT_DELETES"

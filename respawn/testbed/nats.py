@@ -21,7 +21,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections import deque
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from respawn.testbed.errors import TestbedError
+from respawn.testbed.process import eventually
 
 HOST = "127.0.0.1"
 STATE_FILE = "nats.json"
@@ -167,24 +167,24 @@ class NatsServer:
             )
         self.pid = self._proc.pid
         self._write_state()
-        deadline = time.monotonic() + deadline_s
-        while True:
-            code = self._proc.poll()
+        proc = self._proc
+
+        def healthy() -> bool:
+            code = proc.poll()
             if code is not None:
                 self._forget()
                 raise TestbedError(
                     f"nats-server exited with code {code} during start; see {self.log_file}: "
                     f"{_log_tail(self.log_file)}"
                 )
-            if _healthy(self.http_port):
-                return
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TestbedError(
-                    f"nats-server did not report JetStream healthy within {deadline_s:.0f}s; "
-                    f"see {self.log_file}: {_log_tail(self.log_file)}"
-                )
-            time.sleep(_POLL_S)
+            return _healthy(self.http_port)
+
+        if not eventually(healthy, within=deadline_s, every=_POLL_S):
+            self.stop()
+            raise TestbedError(
+                f"nats-server did not report JetStream healthy within {deadline_s:.0f}s; "
+                f"see {self.log_file}: {_log_tail(self.log_file)}"
+            )
 
     def stop(self, *, deadline_s: float = _STOP_DEADLINE_S) -> None:
         """SIGTERM the process group, SIGKILL it after ``deadline_s``. Safe to call twice."""
@@ -219,12 +219,7 @@ class NatsServer:
                 os.kill(self.pid, sig)
 
     def _wait_exit(self, deadline_s: float) -> bool:
-        deadline = time.monotonic() + deadline_s
-        while time.monotonic() < deadline:
-            if not self.running:
-                return True
-            time.sleep(_POLL_S)
-        return not self.running
+        return eventually(lambda: not self.running, within=deadline_s, every=_POLL_S)
 
     def _state_path(self) -> Path:
         return self.state_dir / STATE_FILE
@@ -247,12 +242,7 @@ class NatsServer:
 
 
 def _wait_port_free(port: int, deadline_s: float) -> bool:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if not port_in_use(port):
-            return True
-        time.sleep(_POLL_S)
-    return False
+    return eventually(lambda: not port_in_use(port), within=deadline_s, every=_POLL_S)
 
 
 def start_nats(

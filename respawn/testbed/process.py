@@ -11,12 +11,12 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from respawn.testbed.errors import TestbedError
+from respawn.waiting import WaitTimeout, until_sync
 
 
 @dataclass
@@ -78,22 +78,32 @@ def wait_until(
     proc: Proc, ready: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.1
 ) -> None:
     """Poll ``ready`` until it is true; fail fast (with log lines) if the process dies."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def check() -> bool:
         if not proc.alive():
             raise TestbedError(
                 f"{proc.name} exited during start-up; last log lines ({proc.log}): {tail(proc.log)}"
             )
         try:
-            if ready():
-                return
+            return bool(ready())
         except Exception:  # readiness probes raise while the server is still coming up
-            pass
-        if time.monotonic() > deadline:
-            raise TestbedError(
-                f"{proc.name} not {what} after {timeout:.0f}s; last log lines ({proc.log}): {tail(proc.log)}"
-            )
-        time.sleep(interval)
+            return False
+
+    try:
+        until_sync(f"{proc.name} to be {what}", check, within=timeout, every=interval)
+    except WaitTimeout:
+        raise TestbedError(
+            f"{proc.name} not {what} after {timeout:.0f}s; last log lines ({proc.log}): {tail(proc.log)}"
+        ) from None
+
+
+def eventually(check: Callable[[], bool], *, within: float, every: float = 0.05) -> bool:
+    """Whether ``check`` came true within ``within`` seconds (for waits whose timeout is no error)."""
+    try:
+        until_sync("a condition", check, within=within, every=every)
+    except WaitTimeout:
+        return False
+    return True
 
 
 def stop_pid(pid: int, *, timeout: float = 10.0) -> None:
@@ -105,14 +115,15 @@ def stop_pid(pid: int, *, timeout: float = 10.0) -> None:
             os.killpg(pid, sig)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
-        deadline = time.monotonic() + (timeout if sig == signal.SIGTERM else 5.0)
-        while time.monotonic() < deadline:
-            # Reap if it is our child, so it does not linger as a zombie.
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(pid, os.WNOHANG)
-            if not pid_alive(pid) and not _group_alive(pid):
-                return
-            time.sleep(0.05)
+        if eventually(lambda: _gone(pid), within=timeout if sig == signal.SIGTERM else 5.0):
+            return
+
+
+def _gone(pid: int) -> bool:
+    # Reap if it is our child, so it does not linger as a zombie.
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+    return not pid_alive(pid) and not _group_alive(pid)
 
 
 def _group_alive(pgid: int) -> bool:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.config import BenchConfig, PlannedFault
+from bench.correctness import VIOLATIONS
 from bench.run import run_bench
 from respawn.testbed.modes import Endpoints
 from respawn.testbed.services import SERVICES
@@ -65,16 +66,7 @@ async def test_every_fault_is_reset_exactly_once_and_nothing_is_left_behind(
     assert faults["evictions"] == 1
 
     correctness = result["correctness"]
-    for violation in (
-        "lost",
-        "duplicated",
-        "unexpected",
-        "count_mismatches",
-        "wrong_phase",
-        "orphans",
-        "unrecovered",
-        "orphans_after_delete",
-    ):
+    for violation in VIOLATIONS:
         assert correctness[violation] == [], (violation, correctness[violation])
     assert correctness["ok"]
 
