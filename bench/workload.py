@@ -11,13 +11,10 @@ from typing import Any
 from bench.config import BenchConfig
 from bench.plan import AwSpec
 from respawn.testbed import manifests, sim
-from respawn.testbed.cluster import GPU_RESOURCE
-from shared.appwrapper import params
-from shared.appwrapper.constants import API_VERSION, KIND
 from shared.kubetime import format_kube_time
 
 # Retries far above what a run injects: the retry limit is not what is measured.
-RETRY_LIMIT = "1000"
+RETRY_LIMIT = 1000
 
 
 def namespace_manifest(name: str) -> dict[str, Any]:
@@ -28,62 +25,36 @@ def appwrapper_manifest(spec: AwSpec, cfg: BenchConfig) -> dict[str, Any]:
     """One AppWrapper of ``bench.run``'s workload: a Job or a PyTorchJob, with the run's periods."""
     stuck = spec.kind == "stuck-init"
     grace = cfg.warmup_grace if stuck else cfg.setup_grace
-    annotations = {
-        params.ADMISSION_GRACE_PERIOD_ANNOTATION: grace,
-        params.WARMUP_GRACE_PERIOD_ANNOTATION: grace,
-        params.FAILURE_GRACE_PERIOD_ANNOTATION: cfg.failure_grace,
-        params.RETRY_PAUSE_PERIOD_ANNOTATION: cfg.retry_pause,
-        params.RETRY_LIMIT_ANNOTATION: "1" if stuck else RETRY_LIMIT,
+    annotations = manifests.fault_tolerance(
+        admission_grace=grace,
+        warmup_grace=grace,
+        failure_grace=cfg.failure_grace,
+        retry_pause=cfg.retry_pause,
+        retry_limit=1 if stuck else RETRY_LIMIT,
+    )
+    # A container that is never pulled (kwok runs no image), named so that nobody mistakes the
+    # benchmark's pods for real ones.
+    shape: dict[str, Any] = {
+        "gpus": 1 if spec.gpu else 0,
+        "image": "registry.invalid/trainer:1",
+        "init_container": stuck,
+        "annotations": {sim.STUCK_INIT: "true"} if stuck else None,
     }
-    resources = {"limits": {GPU_RESOURCE: "1"}} if spec.gpu else {}
-
-    def pod_template(container: str) -> dict[str, Any]:
-        pod: dict[str, Any] = {
-            "restartPolicy": "Never",
-            "containers": [
-                {"name": container, "image": "registry.invalid/trainer:1", "resources": resources}
-            ],
-        }
-        if stuck:
-            pod["initContainers"] = [{"name": "setup", "image": "registry.invalid/setup:1"}]
-        metadata = {"annotations": {sim.STUCK_INIT: "true"}} if stuck else {}
-        return {"metadata": metadata, "spec": pod}
-
     if spec.kind == "pytorchjob":
-        replicas: dict[str, Any] = {
-            # The training operator finds the framework container by this name.
-            "Master": {"replicas": 1, "restartPolicy": "Never", "template": pod_template("pytorch")}
-        }
-        if spec.pods > 1:
-            replicas["Worker"] = {
-                "replicas": spec.pods - 1,
-                "restartPolicy": "Never",
-                "template": pod_template("pytorch"),
-            }
-        template: dict[str, Any] = {
-            "apiVersion": "kubeflow.org/v1",
-            "kind": "PyTorchJob",
-            "metadata": {"name": spec.name},
-            "spec": {"pytorchReplicaSpecs": replicas},
-        }
+        workers = {"Worker": spec.pods - 1} if spec.pods > 1 else {}
+        template = manifests.pytorchjob(
+            spec.name,
+            replicas={"Master": 1, **workers},
+            template=manifests.pod_template(container="pytorch", **shape),
+        )
     else:
-        template = {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": spec.name},
-            "spec": {
-                "parallelism": spec.pods,
-                "completions": spec.pods,
-                "backoffLimit": 0,
-                "template": pod_template("train"),
-            },
-        }
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": spec.name, "annotations": annotations},
-        "spec": {"components": [{"template": template}]},
-    }
+        template = manifests.job(
+            spec.name,
+            pods=spec.pods,
+            backoffLimit=0,
+            template=manifests.pod_template(container="train", **shape),
+        )
+    return manifests.appwrapper(spec.name, manifests.component(template), annotations=annotations)
 
 
 def job_appwrapper(name: str, pods: int, annotations: dict[str, str] | None = None) -> dict[str, Any]:

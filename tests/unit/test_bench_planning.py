@@ -242,11 +242,11 @@ def test_every_manifest_is_a_valid_appwrapper_with_its_pods_and_gpus(kind: str, 
     assert pairs
     for pod, container in pairs:
         assert pod["spec"]["restartPolicy"] == "Never"
-        limits = container["resources"].get("limits", {})
+        limits = container.get("resources", {}).get("limits", {})
         assert (limits.get(GPU) == "1") is gpu
         stuck = kind == "stuck-init"
         assert ("initContainers" in pod["spec"]) is stuck
-        assert (pod["metadata"].get("annotations", {}).get(sim.STUCK_INIT) == "true") is stuck
+        assert (pod.get("metadata", {}).get("annotations", {}).get(sim.STUCK_INIT) == "true") is stuck
 
 
 def test_pytorchjob_manifest_splits_master_and_workers() -> None:
@@ -300,7 +300,9 @@ def test_the_whole_planned_workload_yields_valid_distinct_appwrappers() -> None:
         assert expected_pod_count(manifest) == 3
         kind = manifest["spec"]["components"][0]["template"]["kind"]
         assert kind == ("PyTorchJob" if spec.kind == "pytorchjob" else "Job")
-        assert all((GPU in c["resources"].get("limits", {})) is spec.gpu for _, c in containers_of(manifest))
+        assert all(
+            (GPU in c.get("resources", {}).get("limits", {})) is spec.gpu for _, c in containers_of(manifest)
+        )
 
 
 # ------------------------------------------------------------------ api_requests
