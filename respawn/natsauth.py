@@ -652,17 +652,24 @@ async def ensure_mirrors(nc: Any, reader: str, *, replicas: int = 1, settle: flo
     import nats.js.errors
 
     js = nc.jetstream(timeout=5.0)
+    try:
+        reply = await nc.request(f"{_API}.STREAM.NAMES", b"{}", timeout=5.0)
+    except (TimeoutError, nats.errors.NoRespondersError):
+        # With NATS auth, a request the user may not make goes unanswered.
+        raise MirrorError(
+            f"no answer to a stream lookup as {reader!r}: is it an outside reader's user "
+            "(python -m respawn.natsauth config --subscriber NAME) on a server running that auth.conf?"
+        ) from None
+    present = set(json.loads(reply.data).get("streams") or [])
+    internal = sorted(present.intersection(ALL_STREAMS).difference(PUBLIC_STREAMS))
+    if internal:
+        raise MirrorError(
+            f"{reader!r} is a user of Respawn's own account (it holds {', '.join(internal)}); "
+            "mirrors belong in an outside reader's account"
+        )
     report = []
     for spec in _public_specs():
-        try:
-            info = await js.stream_info(spec.name)
-        except nats.js.errors.NotFoundError:
-            info = None
-        except (TimeoutError, nats.errors.NoRespondersError):
-            raise MirrorError(
-                f"no answer to the stream lookup of {spec.name}: is {reader!r} an outside reader's user "
-                "(python -m respawn.natsauth config --subscriber ...) with JetStream in its account?"
-            ) from None
+        info = await js.stream_info(spec.name) if spec.name in present else None
         if info is not None:
             if not _is_our_mirror(info.config, spec, reader):
                 raise MirrorError(
