@@ -142,9 +142,14 @@ def test_build_holds_the_whole_system(built: dict[str, list[dict[str, Any]]], ta
         ("StatefulSet", "respawn-nats"),
         ("Service", "respawn-nats"),
         ("Service", "respawn-nats-headless"),
-        *(("Deployment", f"respawn-{s}") for s in SERVICES),
-        *(("ServiceAccount", f"respawn-{s}") for s in SERVICES),
-        *(("ClusterRoleBinding", f"respawn-{s}") for s in WITH_KUBE),
+        *(("Deployment", f"respawn-{s}") for s in (*SERVICES, "webhook")),
+        *(("ServiceAccount", f"respawn-{s}") for s in (*SERVICES, "webhook")),
+        *(("ClusterRoleBinding", f"respawn-{s}") for s in (*WITH_KUBE, "webhook")),
+        ("Service", "respawn-webhook"),
+        ("MutatingWebhookConfiguration", "respawn-appwrapper"),
+        ("ValidatingWebhookConfiguration", "respawn-appwrapper"),
+        ("ValidatingAdmissionPolicy", LIFECYCLE_POLICY),
+        ("ValidatingAdmissionPolicyBinding", LIFECYCLE_POLICY),
     }
     assert expected <= names
     namespaced = [d for d in docs if d["kind"] not in CLUSTER_SCOPED]
@@ -158,7 +163,54 @@ CLUSTER_SCOPED = {
     "ClusterRoleBinding",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
 }
+LIFECYCLE_POLICY = "respawn-lifecycle-creates-appwrapper-components"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_webhook_is_installed_failing_closed_with_the_services_configuration(
+    built: dict[str, list[dict[str, Any]]], target: str
+) -> None:
+    docs = built[target]
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (hook,) = one(docs, kind, "respawn-appwrapper")["webhooks"]
+        # No answer, no AppWrapper: an outage refuses creation rather than skipping the checks.
+        assert hook["failurePolicy"] == "Fail", kind
+        assert hook["clientConfig"]["service"] == {
+            "name": "respawn-webhook",
+            "namespace": SYSTEM_NS,
+            "path": "/mutate-appwrapper" if kind.startswith("Mutating") else "/validate-appwrapper",
+            "port": 443,
+        }
+    spec = pod_specs(docs)["respawn-webhook"]
+    (container,) = spec["containers"]
+    assert container["command"] == ["python", "-m", "services.webhook"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # The webhook reads the services' generated configuration (admission.* and defaultQueueName).
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == configmap(docs, "respawn-config")["metadata"]["name"]
+    assert container["envFrom"] == [
+        {"configMapRef": {"name": configmap(docs, "respawn-env")["metadata"]["name"]}}
+    ]
+    assert volumes["certs"]["secret"]["secretName"] == "respawn-webhook-cert"
+    replicas = one(docs, "Deployment", "respawn-webhook")["spec"]["replicas"]
+    assert replicas == (2 if target == "base" else 1)
+
+
+def test_the_lifecycle_policy_names_the_built_service_account(built: dict[str, list[dict[str, Any]]]) -> None:
+    # The policy matches lifecycle by its user name, which kustomize cannot rewrite in CEL: it
+    # must agree with the namespace and ServiceAccount the base builds.
+    docs = built["base"]
+    policy = one(docs, "ValidatingAdmissionPolicy", LIFECYCLE_POLICY)["spec"]
+    account = one(docs, "ServiceAccount", "respawn-lifecycle")
+    user = f"system:serviceaccount:{account['metadata']['namespace']}:{account['metadata']['name']}"
+    (by_lifecycle,) = [c for c in policy["matchConditions"] if c["name"] == "made-by-lifecycle"]
+    assert by_lifecycle["expression"] == f"request.userInfo.username == '{user}'"
+    assert f"'{SYSTEM_NS}'" in policy["validations"][0]["expression"]
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", LIFECYCLE_POLICY)["spec"]
+    assert binding == {"policyName": LIFECYCLE_POLICY, "validationActions": ["Deny"]}
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -273,6 +325,7 @@ def test_operator_config_in_the_base_is_valid(built: dict[str, list[dict[str, An
     config = load_config(path, env=env)
     assert config.nats.url == "nats://respawn-nats:4222"
     assert config.nats.stream_replicas == 3
+    assert (config.admission.max_template_depth, config.admission.max_template_bytes) == (64, 512 * 1024)
 
 
 def test_dockerfile_builds_one_non_root_image_from_the_package() -> None:
@@ -364,10 +417,20 @@ def accounts(
 ) -> Iterator[Accounts]:
     """The base's ServiceAccounts and RBAC applied to the testbed, and a token for each."""
     kc = testbed.kubeconfig
+    # With lifecycle's admission policy: everything below, the services end to end included, runs
+    # under it.
     rbac = [
         d
         for d in build("base")
-        if d["kind"] in ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+        if d["kind"]
+        in (
+            "Namespace",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        )
     ]
     kubectl(kc, "apply", "-f", "-", stdin=dump(rbac))
 
@@ -393,8 +456,18 @@ def accounts(
             kc, "create", "token", f"respawn-{service}", "-n", SYSTEM_NS, "--duration=2h"
         ).stdout.strip()
         kubeconfigs[service] = service_account_kubeconfig(kc, token, out / f"{service}.kubeconfig")
+
+    # The API server enforces a new policy once its informers have seen it: poll with a dry run.
+    def policy_in_force() -> bool:
+        probe = ("create", "configmap", "policy-probe", "-n", "default", "--dry-run=server")
+        return LIFECYCLE_POLICY in kubectl(kubeconfigs["lifecycle"], *probe, check=False).stderr
+
+    deadline = time.monotonic() + 60
+    while not policy_in_force():
+        assert time.monotonic() < deadline, f"{LIFECYCLE_POLICY} was not in force within 60s"
+        time.sleep(0.3)
     yield Accounts(kubeconfigs)
-    bindings = [d for d in rbac if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    bindings = [d for d in rbac if d["kind"] not in ("Namespace", "ServiceAccount")]
     kubectl(kc, "delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=dump(bindings), check=False)
 
 
@@ -448,6 +521,32 @@ WRAPPED_KINDS = (
     "rayjobs.ray.io",
 )
 APPWRAPPERS = "appwrappers.workload.codeflare.dev"
+
+
+def owned_job(name: str) -> dict[str, Any]:
+    """A Job as lifecycle creates one: controlled by an AppWrapper (here one that does not exist;
+    the garbage collector removes the Job soon after)."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "ownerReferences": [
+                {
+                    "apiVersion": "workload.codeflare.dev/v1beta2",
+                    "kind": "AppWrapper",
+                    "name": "owner",
+                    "uid": str(uuid.uuid4()),
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "template": {
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}
+            }
+        },
+    }
 
 
 def test_watcher_may_read_what_it_watches_and_nothing_else(
@@ -516,8 +615,13 @@ def test_lifecycle_may_manage_appwrappers_and_their_resources_and_nothing_else(
         ("create", "pods/exec"),
     ]:
         assert not can_i(kc, verb, resource), f"lifecycle may {verb} {resource}"
-    # Real requests, both ways: it creates and deletes a wrapped kind, but cannot edit it.
-    kubectl(kc, "create", "job", "probe", "--image=busybox", "-n", namespace)
+    # Real requests, both ways: it creates and deletes a wrapped kind, but cannot edit it. What
+    # it creates must belong to an AppWrapper (its admission policy, deploy/base/rbac).
+    unowned = kubectl(kc, "create", "job", "unowned", "--image=busybox", "-n", namespace, check=False)
+    assert unowned.returncode != 0
+    assert f"ValidatingAdmissionPolicy '{LIFECYCLE_POLICY}'" in unowned.stderr, unowned.stderr
+    assert "has no controller ownerReference to a workload.codeflare.dev/v1beta2 AppWrapper" in unowned.stderr
+    kubectl(kc, "create", "-n", namespace, "-f", "-", stdin=json.dumps(owned_job("probe")))
     refused(kc, "lifecycle", "label", "job", "probe", "edited=1", "-n", namespace)
     kubectl(kc, "delete", "job", "probe", "-n", namespace, "--wait=false")
     refused(kc, "lifecycle", "get", "secrets", "-n", namespace)
