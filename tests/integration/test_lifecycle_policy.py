@@ -178,6 +178,7 @@ def test_lifecycle_still_records_events_and_others_are_unaffected(
             "apiVersion": "workload.codeflare.dev/v1beta2",
             "kind": "AppWrapper",
             "name": "aw",
+            "namespace": namespace,
         },
         "reason": "Resetting",
         "message": "probe",
