@@ -864,6 +864,44 @@ async def test_explain_as_an_outside_reader_tells_what_its_account_leaves_out(mi
     assert v_subject
 
 
+async def respawn_cli(auth: AuthNats, user: str, *args: str) -> tuple[int, str, str]:
+    """``respawn`` as a user runs it, with the credentials in the environment."""
+    env = {**os.environ, "NATS_URL": auth.url, "NATS_USER": user, "NATS_PASSWORD": auth.passwords[user]}
+    env.pop("NATS_INBOX_PREFIX", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "respawn.cli.main",
+        *args,
+        env=env,
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return int(proc.returncode or 0), out.decode(), err.decode()
+
+
+async def test_respawn_explain_and_tail_work_for_the_documented_reader(mirrored: AuthNats) -> None:
+    (_, v_message), _ = await publish_public(mirrored)
+    target = f"{v_message.ref.namespace}/{v_message.ref.name}"
+    code, out, err = await respawn_cli(mirrored, READER, "explain", target)
+    assert code == 0, err
+    assert out.startswith(f"AppWrapper {target}") and "verdict" in out and "lifecycle" in out, out
+    assert err.strip() == (
+        f"respawn: {subjects.OBSERVATIONS_STREAM} not in the account of NATS user {READER}: "
+        "pod and component states left out of the timeline"
+    )
+    code, out, err = await respawn_cli(mirrored, READER, "tail", "verdicts", "--no-follow")
+    assert code == 0, err
+    assert v_message.ref.name in out
+    # A service user may not list streams: one line naming the refused request.
+    code, out, err = await respawn_cli(mirrored, "watcher", "explain", target)
+    assert code == 1
+    assert err.startswith("error: NATS user watcher may not list the streams of its account (")
+    assert "$js.api.stream.names" in err.lower() and len(err.strip().splitlines()) == 1, err
+
+
 async def test_explain_names_a_user_that_may_not_read_the_streams(auth_nats: AuthNats) -> None:
     async with client(auth_nats, "watcher") as watcher:
         with pytest.raises(tail.NatsUnavailable, match="may not list the streams of its account"):
