@@ -646,7 +646,8 @@ async def ensure_mirrors(nc: Any, reader: str, *, replicas: int = 1, settle: flo
     that reader). Returns one line per stream; raises :class:`MirrorError`.
 
     A new mirror is watched for up to ``settle`` seconds, so that a mirror the server cannot feed
-    (a stale auth.conf without this reader's exports) is reported here rather than found empty later.
+    (a stale auth.conf without this reader's exports and imports) is reported here rather than
+    found empty later.
     """
     import nats.errors
     import nats.js.errors
@@ -682,28 +683,40 @@ async def ensure_mirrors(nc: Any, reader: str, *, replicas: int = 1, settle: flo
             await js.add_stream(mirror_stream_config(spec, reader, replicas=replicas))
         except nats.js.errors.APIError as exc:
             raise MirrorError(f"cannot create the mirror {spec.name}: {exc.description or exc}") from exc
-        report.append(f"{spec.name}: {await _settled(js, spec.name, settle)}")
+        report.append(f"{spec.name}: {await _settled(js, spec.name, reader, settle)}")
     return report
 
 
-async def _settled(js: Any, stream: str, within: float) -> str:
+async def _settled(js: Any, stream: str, reader: str, within: float) -> str:
+    """How the new mirror ``stream`` is doing once the server has fed it (or given up on it).
+
+    ``active`` is the time since the mirror last heard from its source (-1: never). It starts
+    counting with the answer to the consumer-create request, and then falls back every time a
+    message or an idle heartbeat (about one a second) arrives. A mirror whose deliveries cannot
+    reach it sees it only grow.
+    """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
+    last = -1
     while True:
         info = await js.stream_info(stream)
         state = info.mirror
-        error = getattr(state, "error", None)
-        if error:
-            description = error.get("description") if isinstance(error, Mapping) else error
-            raise MirrorError(
-                f"the mirror {stream} was created but cannot read {ACCOUNT}'s stream: {description}; "
-                "check that the NATS servers run the auth.conf generated for this reader"
-            )
-        if state is not None and state.lag == 0 and state.active is not None:
-            return f"mirror created ({info.state.messages} messages)"
+        active = state.active if state is not None and state.active is not None else -1
+        if info.state.messages > 0 or 0 <= active < last:
+            behind = f", {state.lag} behind" if state is not None and state.lag else ""
+            return f"mirror created ({info.state.messages} messages{behind})"
+        last = active
+        error = getattr(state, "error", None) or {}
+        description = str(error.get("description", "") if isinstance(error, Mapping) else error)
         if loop.time() >= deadline:
-            lag = state.lag if state is not None else "unknown"
-            return f"mirror created, still catching up ({info.state.messages} messages, lag {lag})"
+            if "not found" in description:
+                # A fresh install whose services have not started yet: the mirror keeps trying.
+                return f"mirror created; {ACCOUNT}'s {stream} does not exist yet, it is copied once it does"
+            raise MirrorError(
+                f"the mirror {stream} was created but received nothing from {ACCOUNT} within {within:g}s "
+                f"({description or 'no delivery, not even a heartbeat'}); check that the NATS servers run "
+                f"the auth.conf generated for reader {reader!r}"
+            )
         await asyncio.sleep(0.2)
 
 

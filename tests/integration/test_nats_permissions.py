@@ -838,6 +838,34 @@ async def test_a_reader_may_rebuild_its_mirror_with_the_whole_history(mirrored: 
         assert decode(LifecycleEvent, got.data) == l_message
 
 
+async def test_mirrors_made_before_respawns_streams_exist_fill_once_they_do(fresh_nats: AuthNats) -> None:
+    async with client(fresh_nats, READER) as reader:
+        lines = await natsauth.ensure_mirrors(reader.nc, READER, settle=1.0)
+        assert lines == [
+            f"{s}: mirror created; RESPAWN's {s} does not exist yet, it is copied once it does"
+            for s in natsauth.PUBLIC_STREAMS
+        ]
+        async with service_bus(fresh_nats, "health") as health:
+            subject, message = verdict(unique("ns"), unique("aw"))
+            await health.publish(subject, message, msg_id=None)
+
+        async def copied() -> bool:
+            return await mirrored_count(fresh_nats, subjects.VERDICTS_STREAM, subject) == 1
+
+        # The server retries a mirror whose source is missing with a growing back-off.
+        await until_async("the mirror to copy the stream created after it", copied, within=90, every=1.0)
+
+
+async def test_a_mirror_the_server_cannot_feed_is_reported(fresh_nats: AuthNats) -> None:
+    # Delivered under another reader's prefix, which this account does not import: what a
+    # stale auth.conf (without this reader) looks like.
+    async with service_bus(fresh_nats, "watcher"):
+        pass
+    async with client(fresh_nats, READER) as reader:
+        with pytest.raises(natsauth.MirrorError, match="received nothing from RESPAWN within 2s"):
+            await natsauth.ensure_mirrors(reader.nc, "someone-else", settle=2.0)
+
+
 async def test_mirrors_are_refused_to_a_service_user_with_a_clear_message(auth_nats: AuthNats) -> None:
     async with client(auth_nats, "health") as health:
         with pytest.raises(natsauth.MirrorError, match="is it an outside reader's user"):
