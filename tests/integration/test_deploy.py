@@ -523,9 +523,8 @@ WRAPPED_KINDS = (
 APPWRAPPERS = "appwrappers.workload.codeflare.dev"
 
 
-def owned_job(name: str) -> dict[str, Any]:
-    """A Job as lifecycle creates one: controlled by an AppWrapper (here one that does not exist;
-    the garbage collector removes the Job soon after)."""
+def owned_job(name: str, owner_uid: str) -> dict[str, Any]:
+    """A Job as lifecycle creates one: controlled by the AppWrapper ``owner``."""
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -536,7 +535,7 @@ def owned_job(name: str) -> dict[str, Any]:
                     "apiVersion": "workload.codeflare.dev/v1beta2",
                     "kind": "AppWrapper",
                     "name": "owner",
-                    "uid": str(uuid.uuid4()),
+                    "uid": owner_uid,
                     "controller": True,
                 }
             ],
@@ -621,7 +620,13 @@ def test_lifecycle_may_manage_appwrappers_and_their_resources_and_nothing_else(
     assert unowned.returncode != 0
     assert f"ValidatingAdmissionPolicy '{LIFECYCLE_POLICY}'" in unowned.stderr, unowned.stderr
     assert "has no controller ownerReference to a workload.codeflare.dev/v1beta2 AppWrapper" in unowned.stderr
-    kubectl(kc, "create", "-n", namespace, "-f", "-", stdin=json.dumps(owned_job("probe")))
+    # Owned by a real (suspended) AppWrapper, so the garbage collector leaves the Job alone.
+    owner = manifests.job_appwrapper("owner", suspend=True)
+    kubectl(testbed.kubeconfig, "create", "-n", namespace, "-f", "-", stdin=json.dumps(owner))
+    uid = kubectl(
+        testbed.kubeconfig, "get", "appwrapper", "owner", "-n", namespace, "-o", "jsonpath={.metadata.uid}"
+    ).stdout
+    kubectl(kc, "create", "-n", namespace, "-f", "-", stdin=json.dumps(owned_job("probe", uid)))
     refused(kc, "lifecycle", "label", "job", "probe", "edited=1", "-n", namespace)
     kubectl(kc, "delete", "job", "probe", "-n", namespace, "--wait=false")
     refused(kc, "lifecycle", "get", "secrets", "-n", namespace)

@@ -135,8 +135,26 @@ def test_an_unowned_configmap_is_refused_with_the_policys_message(
     assert kubectl(lifecycle.admin, "get", "configmap", "loose", "-n", namespace, check=False).returncode != 0
 
 
-def test_an_object_an_appwrapper_controls_is_admitted(lifecycle: Lifecycle, namespace: str) -> None:
-    assert lifecycle.create(namespace, configmap("owned", owner())).returncode == 0
+@pytest.fixture
+def appwrapper_uid(lifecycle: Lifecycle, namespace: str, appwrapper_crd: Path) -> str:
+    """A real (suspended) AppWrapper to own what lifecycle creates: the garbage collector deletes
+    objects whose owner does not exist, which would race the test's reads."""
+    appwrapper = {
+        "apiVersion": "workload.codeflare.dev/v1beta2",
+        "kind": "AppWrapper",
+        "metadata": {"name": "aw"},
+        "spec": {"suspend": True, "components": [{"template": job_template("inner")}]},
+    }
+    kubectl(lifecycle.admin, "create", "-n", namespace, "-f", "-", stdin=json.dumps(appwrapper))
+    return kubectl(
+        lifecycle.admin, "get", "appwrapper", "aw", "-n", namespace, "-o", "jsonpath={.metadata.uid}"
+    ).stdout
+
+
+def test_an_object_an_appwrapper_controls_is_admitted(
+    lifecycle: Lifecycle, namespace: str, appwrapper_uid: str
+) -> None:
+    assert lifecycle.create(namespace, configmap("owned", owner(uid=appwrapper_uid))).returncode == 0
     stored = json.loads(
         kubectl(lifecycle.admin, "get", "configmap", "owned", "-n", namespace, "-o", "json").stdout
     )
@@ -193,21 +211,13 @@ def test_lifecycle_still_records_events_and_others_are_unaffected(
 
 
 def test_pods_of_a_job_lifecycle_created_are_not_lifecycles_to_create(
-    lifecycle: Lifecycle, namespace: str, appwrapper_crd: Path
+    lifecycle: Lifecycle, namespace: str, appwrapper_uid: str
 ) -> None:
     # The Job controller creates the pods under its own identity: the policy does not see them.
-    # The owner exists, so the garbage collector leaves the Job alone meanwhile.
-    appwrapper = {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": {"name": "aw"},
-        "spec": {"suspend": True, "components": [{"template": job_template("inner")}]},
+    job = {
+        **job_template("wrapped"),
+        "metadata": {"name": "wrapped", "ownerReferences": [owner(uid=appwrapper_uid)]},
     }
-    kubectl(lifecycle.admin, "create", "-n", namespace, "-f", "-", stdin=json.dumps(appwrapper))
-    uid = kubectl(
-        lifecycle.admin, "get", "appwrapper", "aw", "-n", namespace, "-o", "jsonpath={.metadata.uid}"
-    ).stdout
-    job = {**job_template("wrapped"), "metadata": {"name": "wrapped", "ownerReferences": [owner(uid=uid)]}}
     assert lifecycle.create(namespace, job).returncode == 0
 
     def pods() -> list[Any]:
