@@ -1,26 +1,43 @@
-"""NATS users and subject permissions: one user per service, read-only users for outsiders.
+"""NATS accounts, users and subject permissions: one user per service, one account per outside reader.
 
-Every service connects as its own user and may publish only what it produces (the watcher
-observations, health verdicts, lifecycle lifecycle events, autopilot node verdicts), plus the
-JetStream API requests, acks and dead letters of what it consumes. Outside subscribers get a
-user that can read the public streams (verdicts and lifecycle) through consumers of their own
-and publish nothing else. The permissions are derived from what :mod:`shared.bus` and the
-services actually send; ``tests/integration/test_deploy.py`` proves them on a real server.
+Every service connects as its own user in the account ``RESPAWN`` and may publish only what it
+produces (the watcher observations, health verdicts, lifecycle lifecycle events, autopilot node
+verdicts), plus the JetStream API requests, acks and dead letters of what it consumes. The
+permissions are derived from what :mod:`shared.bus` and the services actually send (see
+:data:`_BUS`); ``tests/integration/test_nats_permissions.py`` proves them on a real server.
+
+- **Consumers.** A service may create, read, pull from and ack only consumers under its own
+  names. Fixed durable names (lifecycle's) appear literally in its permissions and are denied to
+  every other user; a service that names its consumers afresh on every start
+  (:func:`shared.bus.replay_consumer_name`) gets a ``*`` for the name, pinned to its filter
+  subject, with the other services' fixed durables denied.
+- **Streams.** Every service may look up and create every stream (``Bus.ensure_streams`` runs in
+  each at start, so they can start in any order), but only a stream's one owner
+  (:data:`STREAM_OWNERS`) may update its configuration. No user may delete or purge a stream.
+- **Outside readers** do not live in the ``RESPAWN`` account at all. Each has an account of its
+  own that holds *mirrors* of the public streams (:func:`mirror_stream_config`, created once by
+  ``python -m respawn.natsauth mirrors``): the ``RESPAWN`` account exports to it only what a
+  mirror needs (the legacy consumer-create request of each public stream, its flow-control
+  replies, and a delivery subject private to that reader). A reader's JetStream requests are
+  therefore answered by its own account; whatever they carry, they cannot address a consumer or a
+  stream of Respawn's. (Within one account that is not possible: nats-server honours a consumer
+  name carried in the body of ``$JS.API.CONSUMER.CREATE.<stream>``, so a user allowed even
+  ephemeral consumers could rewrite a service's durable by naming it there.)
 
 The rules and the rendering are pure functions. :func:`render_auth_config` builds the server's
 ``accounts`` block with passwords as ``$NATS_PASSWORD_<USER>`` references, which nats-server
 resolves from its own environment, so the generated file can be committed and reviewed while
 the passwords live only in a Kubernetes Secret (:func:`render_secret`). Only
-:func:`generate_password` and :func:`main` (``python -m respawn.natsauth config|secret|env``)
-touch randomness or output.
+:func:`generate_password`, :func:`ensure_mirrors` and :func:`main`
+(``python -m respawn.natsauth config|secret|env|mirrors``) touch randomness, the network or output.
 
 Known limits, which NATS permissions cannot express more tightly:
-- consumer names are single tokens, so a service may manage any consumer on the streams it
-  reads, not only its own;
-- every service creates and updates the streams at start (``Bus.ensure_streams``), so each may
-  change any stream's configuration, though never publish into another service's subjects;
-- services share the ``_INBOX.>`` reply space; outside subscribers are kept out of it by a
-  private inbox prefix (``_INBOX_<user>``), which their client must be told to use.
+- consumer names are single tokens and cannot be matched by prefix, so health and autopilot, whose
+  per-run consumer names are random, may each address the other's per-run consumers on the
+  observation stream (never lifecycle's durables, which are denied by name);
+- services share the ``_INBOX.>`` reply space with each other;
+- a reader's flow-control replies for its own ordered consumers also reach the ``RESPAWN``
+  account (the subjects are the same); a flow-control reply can only let a push consumer send on.
 
 No user may subscribe to a stream's own subjects: reading goes through consumers, which deliver
 to the reader's inbox. A plain subscription would give a push consumer the interest it needs to
@@ -30,31 +47,43 @@ deliver into that subject, which another stream may capture: a way to write with
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import json
+import os
 import re
 import secrets
 import string
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from shared import subjects
+from shared.bus import StreamSpec, default_streams
 
 __all__ = [
     "ACCOUNT",
+    "LIFECYCLE_DURABLES",
+    "MIRROR_API_PREFIX",
     "PUBLIC_STREAMS",
     "SECRET_NAME",
     "SERVICES",
     "SERVICE_INBOX_PREFIX",
+    "STREAM_OWNERS",
     "SUBSCRIBER",
+    "MirrorError",
     "Permissions",
     "User",
     "default_users",
+    "ensure_mirrors",
     "generate_password",
     "inbox_prefix",
     "main",
+    "mirror_deliver_prefix",
+    "mirror_stream_config",
     "password_variable",
+    "reader_account",
     "render_auth_config",
     "render_env_file",
     "render_secret",
@@ -79,6 +108,26 @@ ALL_STREAMS = (
     subjects.LIFECYCLE_STREAM,
     subjects.DEAD_LETTER_STREAM,
 )
+# The one user that may change each stream's configuration: the service that produces into it.
+# The dead-letter stream has three producers; lifecycle keeps it, since the dead letters that
+# matter most are verdicts it could not apply.
+STREAM_OWNERS: Mapping[str, str] = {
+    subjects.OBSERVATIONS_STREAM: "watcher",
+    subjects.VERDICTS_STREAM: "health",
+    subjects.NODE_VERDICTS_STREAM: "autopilot",
+    subjects.LIFECYCLE_STREAM: "lifecycle",
+    subjects.DEAD_LETTER_STREAM: "lifecycle",
+}
+# lifecycle's durable consumers (services/lifecycle/service.py), shared by its replicas.
+LIFECYCLE_DURABLES: Mapping[str, str] = {
+    subjects.VERDICTS_STREAM: "lifecycle-verdicts",
+    subjects.OBSERVATIONS_STREAM: "lifecycle-observations",
+}
+# Where a reader account sees the RESPAWN account's consumer-create API (its import's prefix).
+MIRROR_API_PREFIX = "$JS.RESPAWN.API"
+# JetStream limits of a reader account: its two mirrors (64 messages per AppWrapper and subject,
+# 30 days; about 0.3 GB each at 10,000 AppWrappers) and the state of its own consumers.
+READER_JETSTREAM = {"max_file": "2G", "max_mem": "64M", "max_streams": 2, "max_consumers": 128}
 
 _API = "$JS.API"
 _USER_NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
@@ -107,13 +156,20 @@ def subject_matches(pattern: str, subject: str) -> bool:
 
 @dataclass(frozen=True)
 class Permissions:
-    """Subjects a user may publish to and subscribe to; everything else is denied."""
+    """Subjects a user may publish to and subscribe to; everything else is denied.
+
+    ``publish_deny`` wins over ``publish`` (as in nats-server): it carves other users' consumers
+    out of a wildcard.
+    """
 
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
+    publish_deny: tuple[str, ...] = ()
 
     def may_publish(self, subject: str) -> bool:
-        return any(subject_matches(p, subject) for p in self.publish)
+        return any(subject_matches(p, subject) for p in self.publish) and not any(
+            subject_matches(p, subject) for p in self.publish_deny
+        )
 
     def may_subscribe(self, subject: str) -> bool:
         return any(subject_matches(p, subject) for p in self.subscribe)
@@ -123,6 +179,7 @@ class Permissions:
 class User:
     name: str
     permissions: Permissions
+    account: str = ACCOUNT
 
     @property
     def password_variable(self) -> str:
@@ -134,7 +191,11 @@ class _Reads:
     """A consumer a service keeps on ``stream``."""
 
     stream: str
-    kind: str = "pull"  # "pull": durable, explicit acks; "ordered": ephemeral push replay
+    filter_subject: str
+    # A fixed durable name, or None: a new name on every start (shared.bus.replay_consumer_name).
+    durable: str | None = None
+    # Whether the service deletes it itself on shutdown rather than leaving it to expire.
+    deletes: bool = False
 
 
 @dataclass(frozen=True)
@@ -143,8 +204,6 @@ class _ServiceBus:
 
     publishes: tuple[str, ...]
     reads: tuple[_Reads, ...] = ()
-    deletes_consumers_on: tuple[str, ...] = ()
-    gets_messages_from: tuple[str, ...] = ()
 
 
 _OBS = subjects.OBSERVATIONS_STREAM
@@ -153,57 +212,88 @@ _BUS: Mapping[str, _ServiceBus] = {
     "health": _ServiceBus(
         publishes=(subjects.verdict_filter(),),
         reads=(
-            _Reads(_OBS),
-            _Reads(subjects.NODE_VERDICTS_STREAM),
+            # Per-run replay consumers (Bus.replay): each replica replays the streams into memory,
+            # and removes its consumers when it stops rather than leaving them to expire.
+            _Reads(_OBS, subjects.appwrapper_obs_filter(), deletes=True),
+            _Reads(subjects.NODE_VERDICTS_STREAM, subjects.node_verdict_filter(), deletes=True),
             # The last verdict per AppWrapper, replayed at start so none is published twice.
-            _Reads(subjects.VERDICTS_STREAM),
+            _Reads(subjects.VERDICTS_STREAM, subjects.verdict_filter(), deletes=True),
         ),
-        # Its per-run replay consumers (Bus.replay) are removed when it stops, not left to expire.
-        deletes_consumers_on=(_OBS, subjects.NODE_VERDICTS_STREAM, subjects.VERDICTS_STREAM),
     ),
     "lifecycle": _ServiceBus(
         publishes=(subjects.lifecycle_filter(),),
         reads=(
-            _Reads(subjects.VERDICTS_STREAM),
-            _Reads(_OBS),
+            _Reads(
+                subjects.VERDICTS_STREAM,
+                subjects.verdict_filter(),
+                durable=LIFECYCLE_DURABLES[subjects.VERDICTS_STREAM],
+            ),
+            _Reads(_OBS, subjects.appwrapper_obs_filter(), durable=LIFECYCLE_DURABLES[_OBS]),
         ),
     ),
     "autopilot": _ServiceBus(
         publishes=(subjects.node_verdict_filter(),),
+        # Per-run replay consumers (Bus.replay), removed when it stops rather than left to expire.
         reads=(
-            _Reads(_OBS),
+            _Reads(_OBS, subjects.node_obs_filter(), deletes=True),
             # The stored node verdicts (the last per resource), replayed at start.
-            _Reads(subjects.NODE_VERDICTS_STREAM),
+            _Reads(subjects.NODE_VERDICTS_STREAM, subjects.node_verdict_filter(), deletes=True),
         ),
-        # Its per-run replay consumers (Bus.replay) are removed when it stops, not left to expire.
-        deletes_consumers_on=(_OBS, subjects.NODE_VERDICTS_STREAM),
     ),
 }
 
 
-def _stream_setup(streams: Iterable[str]) -> list[str]:
-    # Bus.ensure_streams: info first, create when missing, update when the config drifted.
-    return [f"{_API}.STREAM.{op}.{s}" for s in streams for op in ("INFO", "CREATE", "UPDATE")]
+def _stream_setup(service: str) -> list[str]:
+    # Bus.ensure_streams: info first, create when missing, update when the config drifted; only
+    # the owner may update, so a stream's configuration has one writer.
+    subjects_ = []
+    for stream in ALL_STREAMS:
+        subjects_ += [f"{_API}.STREAM.INFO.{stream}", f"{_API}.STREAM.CREATE.{stream}"]
+        if STREAM_OWNERS[stream] == service:
+            subjects_.append(f"{_API}.STREAM.UPDATE.{stream}")
+    return subjects_
 
 
-def _pull_consumer(stream: str) -> list[str]:
+def _consumer_ops(stream: str, name: str, *, deletes: bool) -> list[str]:
+    ops = [
+        f"{_API}.CONSUMER.INFO.{stream}.{name}",
+        f"{_API}.CONSUMER.MSG.NEXT.{stream}.{name}",
+        f"$JS.ACK.{stream}.{name}.>",
+    ]
+    if deletes:
+        ops.append(f"{_API}.CONSUMER.DELETE.{stream}.{name}")
+    return ops
+
+
+def _pull_consumer(reads: _Reads) -> list[str]:
+    name = reads.durable or "*"
+    # nats-py names the consumer (and its single filter subject) in the create subject when the
+    # config has a name, which Bus.consume always sets; the legacy forms are never needed.
+    create = f"{_API}.CONSUMER.CREATE.{reads.stream}.{name}.{reads.filter_subject}"
+    return [create, *_consumer_ops(reads.stream, name, deletes=reads.deletes)]
+
+
+def _durable_denials(stream: str, durable: str) -> list[str]:
+    """Every request that could address consumer ``durable`` of ``stream`` by its name."""
     return [
-        # Named consumers put the name (and a single filter subject) after the stream.
-        f"{_API}.CONSUMER.CREATE.{stream}.>",
-        f"{_API}.CONSUMER.INFO.{stream}.*",
-        f"{_API}.CONSUMER.MSG.NEXT.{stream}.*",
-        f"$JS.ACK.{stream}.>",
+        f"{_API}.CONSUMER.CREATE.{stream}.{durable}",
+        f"{_API}.CONSUMER.CREATE.{stream}.{durable}.>",
+        f"{_API}.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
+        f"{_API}.CONSUMER.INFO.{stream}.{durable}",
+        f"{_API}.CONSUMER.MSG.NEXT.{stream}.{durable}",
+        f"{_API}.CONSUMER.DELETE.{stream}.{durable}",
+        f"$JS.ACK.{stream}.{durable}.>",
     ]
 
 
-def _ordered_consumer(stream: str) -> list[str]:
+def _fixed_durables(exclude: str) -> list[tuple[str, str]]:
+    """(stream, durable) of every other service's fixed durables."""
     return [
-        # Ephemeral consumers are created without a name in the subject.
-        f"{_API}.CONSUMER.CREATE.{stream}",
-        f"{_API}.CONSUMER.CREATE.{stream}.>",
-        f"{_API}.CONSUMER.INFO.{stream}.*",
-        # Flow-control replies of a push consumer.
-        f"$JS.FC.{stream}.>",
+        (reads.stream, reads.durable)
+        for service, bus in _BUS.items()
+        if service != exclude
+        for reads in bus.reads
+        if reads.durable is not None
     ]
 
 
@@ -217,57 +307,90 @@ def service_permissions(service: str) -> Permissions:
         bus = _BUS[service]
     except KeyError:
         raise ValueError(f"unknown service {service!r}; expected one of {', '.join(SERVICES)}") from None
-    publish = [*bus.publishes, *_stream_setup(ALL_STREAMS)]
+    publish = [*bus.publishes, *_stream_setup(service)]
     for reads in bus.reads:
-        publish += _pull_consumer(reads.stream) if reads.kind == "pull" else _ordered_consumer(reads.stream)
-    publish += [f"{_API}.CONSUMER.DELETE.{s}.*" for s in bus.deletes_consumers_on]
-    publish += [f"{_API}.STREAM.MSG.GET.{s}" for s in bus.gets_messages_from]
-    if any(r.kind == "pull" for r in bus.reads):
+        publish += _pull_consumer(reads)
+    if bus.reads:
         # Bus.consume moves what can never be processed here (the bus names itself respawn-<service>).
         publish.append(subjects.dead_letter(f"respawn-{service}"))
+    # A "*" consumer name would also cover another service's durable on the same stream.
+    wildcard = {r.stream for r in bus.reads if r.durable is None}
+    deny = [
+        subject
+        for stream, durable in _fixed_durables(service)
+        if stream in wildcard
+        for subject in _durable_denials(stream, durable)
+    ]
     # Consumers deliver to the reply inbox, so no subscription to a stream's subjects is needed,
     # and none is granted: with one, a user could create a push consumer that delivers into a
     # subject captured by another stream, and so write where it may not publish.
-    return Permissions(publish=_unique(publish), subscribe=(f"{SERVICE_INBOX_PREFIX}.>",))
+    return Permissions(
+        publish=_unique(publish), subscribe=(f"{SERVICE_INBOX_PREFIX}.>",), publish_deny=_unique(deny)
+    )
+
+
+# ------------------------------------------------------------------ outside readers
 
 
 def inbox_prefix(user: str) -> str:
-    """The private reply prefix of an outside subscriber (its client must use it)."""
+    """A private reply prefix an outside reader's client may use (``_INBOX`` works as well)."""
     return f"_INBOX_{user}"
 
 
-def subscriber_permissions(user: str = SUBSCRIBER, streams: Sequence[str] = PUBLIC_STREAMS) -> Permissions:
-    """Read-only access to ``streams`` through the subscriber's own consumers.
+def reader_account(user: str) -> str:
+    """The account of outside reader ``user``: its mirrors of the public streams live there."""
+    return "READER_" + _check_name(user).upper().replace("-", "_")
 
-    The only publishes allowed are JetStream API requests that read (stream info, message
-    get) or manage consumers on those streams, and the acks and flow-control replies of those
-    consumers. Replies and deliveries arrive under :func:`inbox_prefix`, the only subscription
-    allowed, so the user cannot see what is meant for Respawn's services.
+
+def mirror_deliver_prefix(user: str) -> str:
+    """The subject prefix under which the RESPAWN account delivers ``user``'s mirrored messages."""
+    return f"respawn.mirror.{_check_name(user)}"
+
+
+def subscriber_permissions(user: str = SUBSCRIBER, streams: Sequence[str] = PUBLIC_STREAMS) -> Permissions:
+    """What outside reader ``user`` may do, all of it inside its own account.
+
+    There it keeps its mirrors of ``streams`` (same names as in Respawn's account, so tools such
+    as ``respawn tail`` work unchanged) and consumers of its own on them, of any kind. Nothing it
+    publishes reaches the RESPAWN account except flow-control replies: the consumer-create
+    requests of its mirrors are made by the server, not by the user. It cannot publish a
+    message anywhere, purge its mirrors, or create any other stream.
     """
     unknown = [s for s in streams if s not in PUBLIC_STREAMS]
     if unknown:
         raise ValueError(f"only the public streams can be opened to subscribers, not {', '.join(unknown)}")
     publish = [
         f"{_API}.INFO",  # account limits and usage; clients such as the nats CLI ask for it
-        f"{_API}.STREAM.NAMES",  # find a stream by subject (nats-py subscribe without stream=)
+        f"{_API}.STREAM.NAMES",  # `respawn explain` looks up which streams the account has
+        f"{_API}.STREAM.LIST",
     ]
     for stream in streams:
         publish += [
+            # Its mirror: created (and fixed, or recreated) by `python -m respawn.natsauth mirrors`.
             f"{_API}.STREAM.INFO.{stream}",
+            f"{_API}.STREAM.CREATE.{stream}",
+            f"{_API}.STREAM.UPDATE.{stream}",
+            f"{_API}.STREAM.DELETE.{stream}",
             f"{_API}.STREAM.MSG.GET.{stream}",
             f"{_API}.DIRECT.GET.{stream}",
             f"{_API}.DIRECT.GET.{stream}.>",
+            # Its own consumers on the mirror, ephemeral or durable.
             f"{_API}.CONSUMER.CREATE.{stream}",
             f"{_API}.CONSUMER.CREATE.{stream}.>",
+            f"{_API}.CONSUMER.DURABLE.CREATE.{stream}.*",
             f"{_API}.CONSUMER.INFO.{stream}.*",
+            f"{_API}.CONSUMER.NAMES.{stream}",
+            f"{_API}.CONSUMER.LIST.{stream}",
             f"{_API}.CONSUMER.DELETE.{stream}.*",
             f"{_API}.CONSUMER.MSG.NEXT.{stream}.*",
             f"$JS.ACK.{stream}.>",
             f"$JS.FC.{stream}.>",
         ]
-    # Only the private inbox: a subscription to the streams' own subjects would give a push
-    # consumer the interest it needs to deliver there, i.e. a way to write into a stream.
-    return Permissions(publish=_unique(publish), subscribe=(f"{inbox_prefix(user)}.>",))
+    # Only inboxes: a subscription to stream subjects is never needed (and in this account no
+    # stream captures any, since mirrors take no subjects).
+    return Permissions(
+        publish=_unique(publish), subscribe=(f"{SERVICE_INBOX_PREFIX}.>", f"{inbox_prefix(user)}.>")
+    )
 
 
 def _check_name(name: str) -> str:
@@ -285,16 +408,44 @@ def service_user(service: str) -> User:
 def subscriber_user(name: str = SUBSCRIBER) -> User:
     if name in SERVICES:
         raise ValueError(f"subscriber name {name!r} is taken by a service")
-    return User(name=_check_name(name), permissions=subscriber_permissions(name))
+    return User(
+        name=_check_name(name), permissions=subscriber_permissions(name), account=reader_account(name)
+    )
 
 
 def default_users(subscribers: Sequence[str] = (SUBSCRIBER,)) -> list[User]:
-    """The four service users, then one read-only user per outside subscriber."""
+    """The four service users, then one read-only user (in its own account) per outside reader."""
     users = [service_user(s) for s in SERVICES] + [subscriber_user(n) for n in subscribers]
     names = [u.name for u in users]
     if len(set(names)) != len(names):
         raise ValueError(f"user names must be unique: {', '.join(names)}")
     return users
+
+
+def _mirror_exports(readers: Sequence[str]) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(kind, subject, accounts) the RESPAWN account exports so that ``readers`` can mirror."""
+    accounts = tuple(reader_account(r) for r in readers)
+    exports: list[tuple[str, str, tuple[str, ...]]] = []
+    for stream in PUBLIC_STREAMS:
+        # The request a mirror sends to create its consumer (legacy form: the name, chosen by
+        # the server as JS_MIRROR_<hash>, travels in the body), and the flow-control replies.
+        exports.append(("service", f"{_API}.CONSUMER.CREATE.{stream}", accounts))
+        exports.append(("service", f"$JS.FC.{stream}.>", accounts))
+    for reader in readers:
+        exports.append(("stream", f"{mirror_deliver_prefix(reader)}.>", (reader_account(reader),)))
+    return exports
+
+
+def _mirror_imports(reader: str) -> list[tuple[str, str, str | None]]:
+    """(kind, subject in RESPAWN, local subject or None) that ``reader``'s account imports."""
+    imports: list[tuple[str, str, str | None]] = []
+    for stream in PUBLIC_STREAMS:
+        create = f"{_API}.CONSUMER.CREATE.{stream}"
+        # Under another prefix: the reader's own $JS.API requests must reach its own account.
+        imports.append(("service", create, MIRROR_API_PREFIX + create.removeprefix(_API)))
+        imports.append(("service", f"$JS.FC.{stream}.>", None))
+    imports.append(("stream", f"{mirror_deliver_prefix(reader)}.>", None))
+    return imports
 
 
 # ------------------------------------------------------------------ rendering
@@ -305,15 +456,33 @@ def password_variable(user: str) -> str:
     return "NATS_PASSWORD_" + _check_name(user).upper().replace("-", "_")
 
 
-def _allow_block(what: str, subjects_: Iterable[str]) -> list[str]:
+def _subject_list(key: str, subjects_: Iterable[str], indent: int) -> list[str]:
     # JSON strings are valid NATS configuration strings, and quoting keeps "$JS..." literal.
-    pad = " " * 12
+    pad = " " * indent
+    return [f"{pad}{key}: [", *(f"{pad}  {json.dumps(s)}" for s in subjects_), f"{pad}]"]
+
+
+def _permission_block(what: str, allow: Sequence[str], deny: Sequence[str]) -> list[str]:
+    lines = [f"          {what}: {{", *_subject_list("allow", allow, 12)]
+    if deny:
+        lines += _subject_list("deny", deny, 12)
+    return [*lines, "          }"]
+
+
+def _user_block(user: User, passwords: Mapping[str, str] | None) -> list[str]:
+    if passwords is not None:
+        password = json.dumps(validate_password(user.name, passwords[user.name]))
+    else:
+        password = "$" + user.password_variable
     return [
-        f"          {what}: {{",
-        "            allow: [",
-        *(f"{pad}  {json.dumps(s)}" for s in subjects_),
-        "            ]",
-        "          }",
+        "      {",
+        f"        user: {json.dumps(user.name)}",
+        f"        password: {password}",
+        "        permissions: {",
+        *_permission_block("publish", user.permissions.publish, user.permissions.publish_deny),
+        *_permission_block("subscribe", user.permissions.subscribe, ()),
+        "        }",
+        "      }",
     ]
 
 
@@ -323,13 +492,16 @@ def render_auth_config(
     account: str = ACCOUNT,
     passwords: Mapping[str, str] | None = None,
 ) -> str:
-    """The nats-server ``accounts`` block: one JetStream-enabled account holding ``users``.
+    """The nats-server ``accounts`` block: Respawn's account with the service users, and one
+    account per outside reader, with what each needs to mirror the public streams.
 
     Passwords are ``$NATS_PASSWORD_<USER>`` references unless ``passwords`` gives them
     literally (for a test server; never commit such a file).
     """
+    services = [u for u in users if u.account == ACCOUNT]
+    readers = [u for u in users if u.account != ACCOUNT]
     lines = [
-        "# NATS users of Respawn and their subject permissions.",
+        "# NATS accounts and users of Respawn and their subject permissions.",
         "# Generated by `python -m respawn.natsauth config`; edit respawn/natsauth.py, not this file.",
         "# Passwords come from the server's environment (the respawn-nats-users Secret).",
         "accounts {",
@@ -337,22 +509,36 @@ def render_auth_config(
         "    jetstream: enabled",
         "    users: [",
     ]
-    for user in users:
-        if passwords is not None:
-            password = json.dumps(validate_password(user.name, passwords[user.name]))
-        else:
-            password = "$" + user.password_variable
+    for user in services:
+        lines += _user_block(user, passwords)
+    lines.append("    ]")
+    if readers:
         lines += [
-            "      {",
-            f"        user: {json.dumps(user.name)}",
-            f"        password: {password}",
-            "        permissions: {",
-            *_allow_block("publish", user.permissions.publish),
-            *_allow_block("subscribe", user.permissions.subscribe),
-            "        }",
-            "      }",
+            "    # Only what the outside readers' mirrors of the public streams need, each reader's",
+            "    # delivery subject to that reader alone.",
+            "    exports: [",
         ]
-    lines += ["    ]", "  }", "}", ""]
+        for kind, subject, allowed in _mirror_exports([u.name for u in readers]):
+            lines.append(f"      {{{kind}: {json.dumps(subject)}, accounts: {json.dumps(list(allowed))}}}")
+        lines.append("    ]")
+    lines.append("  }")
+    for user in readers:
+        limits = ", ".join(f"{key}: {value}" for key, value in READER_JETSTREAM.items())
+        lines += [
+            f"  # Outside reader {user.name}: mirrors of {', '.join(PUBLIC_STREAMS)}, nothing else.",
+            f"  {user.account} {{",
+            f"    jetstream: {{{limits}}}",
+            "    users: [",
+            *_user_block(user, passwords),
+            "    ]",
+            "    imports: [",
+        ]
+        for kind, subject, local in _mirror_imports(user.name):
+            source = f"{{account: {json.dumps(account)}, subject: {json.dumps(subject)}}}"
+            mapped = f", to: {json.dumps(local)}" if local else ""
+            lines.append(f"      {{{kind}: {source}{mapped}}}")
+        lines += ["    ]", "  }"]
+    lines += ["}", ""]
     return "\n".join(lines)
 
 
@@ -395,16 +581,175 @@ def render_env_file(passwords: Mapping[str, str]) -> str:
     return "".join(f"{user}={validate_password(user, pw)}\n" for user, pw in sorted(passwords.items()))
 
 
+# ------------------------------------------------------------------ a reader's mirrors
+
+
+class MirrorError(RuntimeError):
+    """The mirrors could not be set up; the message names the cause and the fix."""
+
+
+def _public_specs() -> list[StreamSpec]:
+    return [spec for spec in default_streams() if spec.name in PUBLIC_STREAMS]
+
+
+def mirror_stream_config(spec: StreamSpec, reader: str, *, replicas: int = 1) -> Any:
+    """The stream in ``reader``'s account that mirrors Respawn's stream ``spec`` (a nats-py
+    ``StreamConfig``), under the same name and with the same limits: a mirror applies limits of
+    its own, so without them it would keep what the source has long discarded."""
+    from nats.js import api
+
+    return api.StreamConfig(
+        name=spec.name,
+        description=f"Mirror of {spec.name} of account {ACCOUNT}",
+        mirror=api.StreamSource(
+            name=spec.name,
+            external=api.ExternalStream(api=MIRROR_API_PREFIX, deliver=mirror_deliver_prefix(reader)),
+        ),
+        retention=api.RetentionPolicy.LIMITS,
+        storage=api.StorageType.FILE,
+        discard=api.DiscardPolicy.OLD,
+        num_replicas=replicas,
+        max_msgs_per_subject=spec.max_msgs_per_subject,
+        max_age=spec.max_age,
+        max_msgs=spec.max_msgs,
+    )
+
+
+def _is_our_mirror(config: Any, spec: StreamSpec, reader: str) -> bool:
+    mirror = getattr(config, "mirror", None)
+    external = getattr(mirror, "external", None)
+    return (
+        mirror is not None
+        and mirror.name == spec.name
+        and external is not None
+        and external.api == MIRROR_API_PREFIX
+        and external.deliver == mirror_deliver_prefix(reader)
+    )
+
+
+async def ensure_mirrors(nc: Any, reader: str, *, replicas: int = 1, settle: float = 10.0) -> list[str]:
+    """Create ``reader``'s mirrors of the public streams where missing, on connection ``nc`` (as
+    that reader). Returns one line per stream; raises :class:`MirrorError`.
+
+    A new mirror is watched for up to ``settle`` seconds, so that a mirror the server cannot feed
+    (a stale auth.conf without this reader's exports and imports) is reported here rather than
+    found empty later.
+    """
+    import nats.errors
+    import nats.js.errors
+
+    js = nc.jetstream(timeout=5.0)
+    try:
+        reply = await nc.request(f"{_API}.STREAM.NAMES", b"{}", timeout=5.0)
+    except (TimeoutError, nats.errors.NoRespondersError):
+        # With NATS auth, a request the user may not make goes unanswered.
+        raise MirrorError(
+            f"no answer to a stream lookup as {reader!r}: is it an outside reader's user "
+            "(python -m respawn.natsauth config --subscriber NAME) on a server running that auth.conf?"
+        ) from None
+    present = set(json.loads(reply.data).get("streams") or [])
+    internal = sorted(present.intersection(ALL_STREAMS).difference(PUBLIC_STREAMS))
+    if internal:
+        raise MirrorError(
+            f"{reader!r} is a user of Respawn's own account (it holds {', '.join(internal)}); "
+            "mirrors belong in an outside reader's account"
+        )
+    report = []
+    for spec in _public_specs():
+        info = await js.stream_info(spec.name) if spec.name in present else None
+        if info is not None:
+            if not _is_our_mirror(info.config, spec, reader):
+                raise MirrorError(
+                    f"stream {spec.name} in account {reader_account(reader)} is not a mirror of "
+                    f"{ACCOUNT}'s {spec.name}; delete it (nats stream rm {spec.name}) and run this again"
+                )
+            report.append(f"{spec.name}: mirror in place ({info.state.messages} messages)")
+            continue
+        try:
+            await js.add_stream(mirror_stream_config(spec, reader, replicas=replicas))
+        except nats.js.errors.APIError as exc:
+            raise MirrorError(f"cannot create the mirror {spec.name}: {exc.description or exc}") from exc
+        report.append(f"{spec.name}: {await _settled(js, spec.name, reader, settle)}")
+    return report
+
+
+async def _settled(js: Any, stream: str, reader: str, within: float) -> str:
+    """How the new mirror ``stream`` is doing once the server has fed it (or given up on it).
+
+    ``active`` is the time since the mirror last heard from its source (-1: never). It starts
+    counting with the answer to the consumer-create request, and then falls back every time a
+    message or an idle heartbeat (about one a second) arrives. A mirror whose deliveries cannot
+    reach it sees it only grow.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    last = -1
+    while True:
+        info = await js.stream_info(stream)
+        state = info.mirror
+        active = state.active if state is not None and state.active is not None else -1
+        if info.state.messages > 0 or 0 <= active < last:
+            behind = f", {state.lag} behind" if state is not None and state.lag else ""
+            return f"mirror created ({info.state.messages} messages{behind})"
+        last = active
+        error = getattr(state, "error", None) or {}
+        description = str(error.get("description", "") if isinstance(error, Mapping) else error)
+        if loop.time() >= deadline:
+            if "not found" in description:
+                # A fresh install whose services have not started yet: the mirror keeps trying.
+                return f"mirror created; {ACCOUNT}'s {stream} does not exist yet, it is copied once it does"
+            raise MirrorError(
+                f"the mirror {stream} was created but received nothing from {ACCOUNT} within {within:g}s "
+                f"({description or 'no delivery, not even a heartbeat'}); check that the NATS servers run "
+                f"the auth.conf generated for reader {reader!r}"
+            )
+        await asyncio.sleep(0.2)
+
+
 # ------------------------------------------------------------------ command line
 
 
+async def _mirrors(url: str, user: str, password: str, replicas: int) -> list[str]:
+    import nats
+
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc) or type(exc).__name__)
+
+    try:
+        async with asyncio.timeout(15):
+            nc = await nats.connect(
+                url,
+                user=user,
+                password=password,
+                allow_reconnect=False,
+                # One attempt (nats-py counts from 1; 0 would mean "forever").
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0.1,
+                connect_timeout=5,
+                error_cb=on_error,
+            )
+    except Exception as exc:  # a timeout, OSError, NoServersError, an authorization error...
+        detail = errors[-1] if errors else str(exc) or type(exc).__name__
+        raise MirrorError(f"cannot connect to NATS at {url} as {user}: {detail}") from None
+    try:
+        return await ensure_mirrors(nc, user, replicas=replicas)
+    finally:
+        await nc.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m respawn.natsauth config|secret|env`` (see docs/deploy.md)."""
+    """``python -m respawn.natsauth config|secret|env|mirrors`` (see docs/deploy.md)."""
     parser = argparse.ArgumentParser(prog="python -m respawn.natsauth", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     config = commands.add_parser("config", help="print the nats-server accounts block (auth.conf)")
     secret = commands.add_parser("secret", help="print a Secret with freshly generated passwords")
     env = commands.add_parser("env", help="print user=password lines with freshly generated passwords")
+    mirrors = commands.add_parser(
+        "mirrors",
+        help="as an outside reader (password in NATS_PASSWORD), create its mirrors of the public streams",
+    )
     for sub in (config, secret, env):
         sub.add_argument(
             "--subscriber",
@@ -415,7 +760,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     secret.add_argument("--namespace", default="respawn-system")
     secret.add_argument("--name", default=SECRET_NAME)
+    mirrors.add_argument("--url", default=os.environ.get("NATS_URL"), help="NATS server (default $NATS_URL)")
+    mirrors.add_argument("--user", default=SUBSCRIBER, help=f"the reader's user (default {SUBSCRIBER})")
+    mirrors.add_argument(
+        "--replicas", type=int, default=1, choices=range(1, 6), metavar="1-5", help="replicas of each mirror"
+    )
     args = parser.parse_args(argv)
+    if args.command == "mirrors":
+        # Not a flag: a password on the command line is visible to every process on the host.
+        password = os.environ.get("NATS_PASSWORD", "")
+        if not args.url or not password:
+            print(
+                "error: set NATS_PASSWORD (and NATS_URL or --url) to the reader's credentials",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            for line in asyncio.run(_mirrors(args.url, args.user, password, args.replicas)):
+                print(line)
+        except MirrorError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
     try:
         users = default_users(tuple(args.subscribers or (SUBSCRIBER,)))
     except ValueError as exc:

@@ -41,6 +41,7 @@ from shared.faulttolerance import FaultTolerance
 __all__ = [
     "CONFIG_ENV",
     "ENV_PREFIX",
+    "AdmissionConfig",
     "AutopilotConfig",
     "ConfigError",
     "FaultToleranceConfig",
@@ -238,6 +239,18 @@ class LifecycleConfig(_Section):
         return value
 
 
+class AdmissionConfig(_Section):
+    """Limits the admission webhook puts on AppWrappers (docs/webhooks.md)."""
+
+    # Nesting of objects and arrays in one component template. Real templates stay under about
+    # 30 levels (a JobSet's pod template with affinity terms); past several hundred, decoders
+    # that recurse (Python's json and msgpack among them) fail.
+    max_template_depth: int = Field(default=64, ge=8, le=512)
+    # Compact JSON of all component templates together. The watcher publishes an AppWrapper
+    # whole (with status) as one NATS message, whose limit is 1 MiB by default.
+    max_template_bytes: int = Field(default=512 * 1024, ge=1024, le=8 * 1024 * 1024)
+
+
 class NatsConfig(_Section):
     url: str = Field(default="nats://localhost:4222", min_length=1)
     # JetStream allows 1 to 5 replicas per stream.
@@ -252,6 +265,7 @@ class OperatorConfig(_Section):
     # Kueue local queue put on AppWrappers that name none; empty leaves them alone.
     default_queue_name: str = ""
     nats: NatsConfig = Field(default_factory=NatsConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     # None: in-cluster service account, else $KUBECONFIG / ~/.kube/config.
     kubeconfig: Annotated[Path | None, BeforeValidator(_empty_is_none)] = None
     metrics_port: int = Field(default=8081, ge=0, le=65535)

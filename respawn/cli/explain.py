@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -59,6 +60,7 @@ __all__ = [
     "parse_target",
     "register",
     "render_explain",
+    "unreadable_note",
 ]
 
 Source = Literal["observation", "verdict", "lifecycle"]
@@ -464,6 +466,9 @@ class Records:
     events: tuple[tuple[LifecycleEvent, StoredMessage], ...] = ()
     observations: tuple[tuple[Message, StoredMessage], ...] = ()
     skipped: int = 0
+    # Streams this NATS account does not have, so their part of the story is left out (an
+    # outside reader's account holds mirrors of the verdicts and lifecycle events only).
+    unreadable: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -476,11 +481,84 @@ class Records:
         return build_timeline(entries)
 
 
+# How long a JetStream API answer may take before explain names the request NATS did not answer
+# (with NATS auth, a request the user may not make gets no answer at all, only a timeout).
+_API_WAIT: Final = 5.0
+_PUBLIC: Final = (subjects.VERDICTS_STREAM, subjects.LIFECYCLE_STREAM)
+
+
+def _who() -> str:
+    user = os.environ.get("NATS_USER")
+    return f"NATS user {user}" if user else "this NATS connection"
+
+
+def _refused(nc: Any, what: str) -> NatsUnavailable:
+    """The error for a JetStream request that got no answer, naming a permission refusal if any."""
+    last = str(getattr(nc, "last_error", None) or "")
+    if "permissions violation" in last.lower():
+        return NatsUnavailable(
+            f"{_who()} may not {what} ({' '.join(last.split())}); explain needs read access to "
+            f"{', '.join(_PUBLIC)} (an outside reader's user, docs/deploy.md)"
+        )
+    return NatsUnavailable(f"NATS did not answer in {_API_WAIT:g}s when asked to {what}")
+
+
+async def account_streams(nc: Any) -> set[str]:
+    """The names of the streams in this connection's NATS account."""
+    names: set[str] = set()
+    while True:
+        request = json.dumps({"offset": len(names)}).encode()
+        try:
+            reply = await nc.request("$JS.API.STREAM.NAMES", request, timeout=_API_WAIT)
+        except Exception as exc:  # a timeout, or no JetStream at all (no responders)
+            raise _refused(nc, "list the streams of its account") from exc
+        page = json.loads(reply.data)
+        if "error" in page:
+            raise NatsUnavailable(f"NATS refused to list the streams: {page['error'].get('description')}")
+        found = page.get("streams") or []
+        names.update(found)
+        if not found or len(names) >= int(page.get("total") or 0):
+            return names
+
+
+async def _read(nc: Any, stream: str, subject: str, present: set[str]) -> list[StoredMessage]:
+    if stream not in present:
+        return []
+    try:
+        return await read_all(nc, stream, subject)
+    except TimeoutError as exc:  # the ordered consumer's create request went unanswered
+        raise _refused(nc, f"read {stream}") from exc
+
+
+_WHAT: Final = {
+    subjects.OBSERVATIONS_STREAM: "pod and component states",
+    subjects.VERDICTS_STREAM: "verdicts",
+    subjects.LIFECYCLE_STREAM: "lifecycle events",
+}
+
+
+def unreadable_note(streams: Sequence[str]) -> str:
+    """What the timeline leaves out because these streams are not in the user's account."""
+    if not streams:
+        return ""
+    return (
+        f"{', '.join(streams)} not in the account of {_who()}: {', '.join(_WHAT[s] for s in streams)} "
+        "left out of the timeline"
+    )
+
+
 async def gather(nc: Any, namespace: str, name: str) -> Records:
+    present = await account_streams(nc)
+    if not present.intersection(_PUBLIC):
+        raise NatsUnavailable(
+            f"this NATS account has none of Respawn's streams ({', '.join(_PUBLIC)}); an outside "
+            "reader's account gets them once its mirrors exist: python -m respawn.natsauth mirrors "
+            "(docs/deploy.md)"
+        )
     verdicts_raw, events_raw, obs_raw = await asyncio.gather(
-        read_all(nc, subjects.VERDICTS_STREAM, subjects.verdict(namespace, name)),
-        read_all(nc, subjects.LIFECYCLE_STREAM, subjects.lifecycle_event(namespace, name)),
-        read_all(nc, subjects.OBSERVATIONS_STREAM, subjects.appwrapper_obs_filter(namespace, name)),
+        _read(nc, subjects.VERDICTS_STREAM, subjects.verdict(namespace, name), present),
+        _read(nc, subjects.LIFECYCLE_STREAM, subjects.lifecycle_event(namespace, name), present),
+        _read(nc, subjects.OBSERVATIONS_STREAM, subjects.appwrapper_obs_filter(namespace, name), present),
     )
     skipped = 0
     verdicts: list[tuple[Verdict, StoredMessage]] = []
@@ -501,7 +579,8 @@ async def gather(nc: Any, namespace: str, name: str) -> Records:
             observations.append((decode(AnyObservation, stored.data), stored))
         except InvalidMessage:
             skipped += 1
-    return Records(tuple(verdicts), tuple(events), tuple(observations), skipped)
+    unreadable = tuple(s for s in (*_PUBLIC, subjects.OBSERVATIONS_STREAM) if s not in present)
+    return Records(tuple(verdicts), tuple(events), tuple(observations), skipped, unreadable)
 
 
 async def _explain(url: str | None, namespace: str, name: str) -> Records:
@@ -531,13 +610,18 @@ def register(app: typer.Typer, *, output_version: str) -> None:
         except NatsUnavailable as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
+        left_out = unreadable_note(records.unreadable)
         if records.empty:
             typer.echo(
                 f"error: unknown AppWrapper {namespace}/{name}: Respawn has no observations, verdicts "
-                "or lifecycle events for it",
+                "or lifecycle events for it" + (f" ({left_out})" if left_out else ""),
                 err=True,
             )
             raise typer.Exit(1)
+        if left_out:
+            # Not an error: an outside reader sees verdicts and lifecycle events, not the internal
+            # observations, and the incidents are read off what it does see.
+            typer.echo(f"respawn: {left_out}", err=True)
         if records.skipped:
             typer.echo(f"respawn: skipped {records.skipped} message(s) this version cannot decode", err=True)
         timeline = records.timeline()

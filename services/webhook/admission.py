@@ -7,9 +7,16 @@ kind, comes in as data (:func:`validation_response`) or through an injected call
 
 What is checked here is what the CRD's own rules cannot express: that the user could create the
 wrapped resources themselves (otherwise an AppWrapper would let anyone create anything the
-controller may create), and that declared pod sets point at pod templates and agree with what
-can be inferred. On UPDATE the CRD already keeps templates, pod sets and managedBy immutable;
-what remains is the user labels, which no schema rule can see.
+controller may create), that declared pod sets point at pod templates and agree with what can be
+inferred, that the templates are neither too deep nor too large for the services to handle (CEL
+can measure neither), that they do not set the labels by which Respawn attributes pods to
+AppWrappers, and that the creator labels name the creator. On UPDATE the CRD already keeps
+templates, pod sets and managedBy immutable; what remains is the user labels, which no schema rule
+can see.
+
+Every function here must answer hostile input (any JSON, nested as deep as the decoder allows)
+with a decision or :class:`ReviewError`, never another exception: walks over templates are
+iterative, and sizes are measured only once the depth is known to be bounded.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import asyncio
 import base64
 import json
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
@@ -27,9 +34,11 @@ from pydantic import ValidationError
 
 from shared.appwrapper.constants import (
     API_VERSION,
+    APPWRAPPER_LABEL,
     GROUP,
     KIND,
     QUEUE_NAME_LABEL,
+    RESPAWN_PREFIX,
     USER_ID_LABEL,
     USER_LABEL,
     VERSION,
@@ -45,8 +54,10 @@ __all__ = [
     "AdmissionResponse",
     "Authorizer",
     "ReviewError",
+    "TemplateLimits",
     "UserInfo",
     "access_checks",
+    "decode_body",
     "mutate",
     "parse_review",
     "refusal",
@@ -68,6 +79,35 @@ _NOT_LABEL_CHAR: Final = re.compile(r"[^-_.\w]", re.ASCII)
 
 class ReviewError(ValueError):
     """A body that is not a usable AppWrapper AdmissionReview."""
+
+
+def decode_body(raw: bytes) -> Any:
+    """The JSON of a request body; :class:`ReviewError` says why it cannot be read.
+
+    Python's JSON decoder recurses once per level of nesting and raises RecursionError near the
+    interpreter's recursion limit (about 1,000 levels): a few kilobytes of brackets would
+    otherwise end the request with an unexplained internal error.
+    """
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ReviewError(
+            "the body is nested too deeply to be read (JSON nested more than about 1000 levels)"
+        ) from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ReviewError(f"the body is not JSON: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateLimits:
+    """How deep and how large component templates may be (``admission.*`` in the configuration).
+
+    Depth counts nested objects and arrays, the template itself being level 1. Size is the
+    compact JSON encoding of all templates of one AppWrapper together, in bytes (UTF-8).
+    """
+
+    max_depth: int = 64
+    max_bytes: int = 512 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,11 +450,189 @@ def _problems(exc: ValidationError) -> str:
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# Template depth, size and reserved keys
+
+
+Path = tuple[str | int, ...]
+# A path kept as a chain of (parent, key) pairs while walking: each step costs one pair, where
+# whole tuples would cost memory in proportion to depth at every node.
+_Link = tuple["_Link", str | int] | None
+
+
+def _path(link: _Link) -> Path:
+    keys: list[str | int] = []
+    while link is not None:
+        link, key = link
+        keys.append(key)
+    return tuple(reversed(keys))
+
+
+def _walk(root: Any) -> Iterator[tuple[Any, int, _Link]]:
+    """Every object and array in ``root`` with its depth (``root`` is 1) and path, without recursion."""
+    stack: list[tuple[Any, int, _Link]] = [(root, 1, None)]
+    while stack:
+        node, depth, link = stack.pop()
+        yield node, depth, link
+        items = node.items() if isinstance(node, Mapping) else enumerate(node)
+        for key, child in items:
+            if isinstance(child, Mapping | list):
+                stack.append((child, depth + 1, (link, key)))
+
+
+def _deepest(template: Any, limit: int) -> tuple[int, Path]:
+    """The nesting depth of ``template`` and the path to its deepest point; counting stops at the
+    first point deeper than ``limit``."""
+    if not isinstance(template, Mapping | list):
+        return 0, ()
+    best: tuple[int, _Link] = (0, None)
+    for _, depth, link in _walk(template):
+        if depth > best[0]:
+            best = (depth, link)
+            if depth > limit:
+                break
+    return best[0], _path(best[1])
+
+
+def _show(where: str, path: Path, *, keep: int = 12) -> str:
+    """``where`` followed by ``path`` in the API server's notation, shortened in the middle."""
+    parts = [f"[{k}]" if isinstance(k, int) else f".{k}" for k in path]
+    if len(parts) > keep:
+        parts = [*parts[: keep // 2], f".<{len(parts) - keep} more>", *parts[-keep // 2 :]]
+    return where + "".join(parts)
+
+
+def _size(template: Any) -> int:
+    return len(json.dumps(template, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def _components(obj: Mapping[str, Any] | None) -> list[Any]:
+    spec = obj.get("spec") if obj is not None else None
+    components = spec.get("components") if isinstance(spec, Mapping) else None
+    return components if isinstance(components, list) else []
+
+
+def _limit_errors(obj: Mapping[str, Any] | None, limits: TemplateLimits) -> list[_FieldError]:
+    """Templates too deep or, together, too large: checked first, since nothing else about such an
+    AppWrapper is worth working out (and the services could not carry it: observations of it
+    would exceed NATS's message size, and a deep one takes down their decoders)."""
+    errors: list[_FieldError] = []
+    templates = [c.get("template") if isinstance(c, Mapping) else None for c in _components(obj)]
+    for index, template in enumerate(templates):
+        depth, path = _deepest(template, limits.max_depth)
+        if depth > limits.max_depth:
+            where = f"spec.components[{index}].template"
+            errors.append(
+                _FieldError(
+                    where,
+                    ErrorType.INVALID,
+                    f"nested more than {limits.max_depth} levels deep (at {_show(where, path)}); "
+                    f"the limit is admission.maxTemplateDepth={limits.max_depth}",
+                )
+            )
+    if errors:
+        return errors
+    sizes = [_size(template) for template in templates]
+    total = sum(sizes)
+    if total > limits.max_bytes:
+        largest = max(range(len(sizes)), key=sizes.__getitem__)
+        errors.append(
+            _FieldError(
+                "spec.components",
+                ErrorType.INVALID,
+                f"the component templates take {total} bytes as JSON (the largest, "
+                f"spec.components[{largest}].template, {sizes[largest]}); the limit is "
+                f"admission.maxTemplateBytes={limits.max_bytes}",
+            )
+        )
+    return errors
+
+
+def _reserved_errors(obj: Mapping[str, Any], templates: list[Any]) -> list[_FieldError]:
+    """Labels and annotations that templates may not set, wherever a ``metadata`` object sits.
+
+    Pods are counted as an AppWrapper's by the ``workload.codeflare.dev/appwrapper`` label, which
+    lifecycle sets to the AppWrapper's name on every object and pod template it creates. A
+    template that set it to another name, on a pod template lifecycle does not know of, would
+    have its pods judged as that other AppWrapper's: their failures would reset it. The same
+    name is what lifecycle would write anyway, so it is accepted (YAML copied from a running
+    object carries it). ``respawn.dev/`` keys are Respawn's own.
+    """
+    metadata = obj.get("metadata")
+    own = metadata.get("name") if isinstance(metadata, Mapping) else None
+    errors: list[_FieldError] = []
+    for index, template in enumerate(templates):
+        if not isinstance(template, Mapping | list):
+            continue
+        for node, _, link in _walk(template):
+            meta = node.get("metadata") if isinstance(node, Mapping) else None
+            if not isinstance(meta, Mapping):
+                continue
+            where = _show(f"spec.components[{index}].template", _path(link)) + ".metadata"
+            for field_name in ("labels", "annotations"):
+                keys = meta.get(field_name)
+                if not isinstance(keys, Mapping):
+                    continue
+                for key, value in keys.items():
+                    at = f"{where}.{field_name}[{key}]"
+                    if not isinstance(key, str):
+                        continue
+                    if key.startswith(RESPAWN_PREFIX):
+                        errors.append(
+                            _FieldError(
+                                at,
+                                ErrorType.FORBIDDEN,
+                                f"the prefix {RESPAWN_PREFIX} is reserved for Respawn",
+                            )
+                        )
+                    elif field_name == "labels" and key == APPWRAPPER_LABEL and value != own:
+                        errors.append(
+                            _FieldError(
+                                at,
+                                ErrorType.FORBIDDEN,
+                                f"Respawn sets this label to the AppWrapper's name ({own}) to count pods "
+                                f"as its own; a template may not set it to {value!r}",
+                            )
+                        )
+    return errors
+
+
+def _creator_errors(request: AdmissionRequest, obj: Mapping[str, Any]) -> list[_FieldError]:
+    """The creator labels must name the requesting user, as the mutating webhook sets them.
+
+    This is what makes a failed mutation harmless: if the mutating webhook could not run on the
+    object (no answer while registered, an internal error, a registration removed), the labels
+    are missing or whatever the user wrote, and the AppWrapper is refused here.
+    """
+    labels = _labels(obj)
+    errors = []
+    for key, value in ((USER_LABEL, request.user.username), (USER_ID_LABEL, request.user.uid)):
+        expected, found = sanitize_label(value), labels.get(key)
+        if found != expected:
+            shown = "none" if found is None else repr(found)
+            errors.append(
+                _FieldError(
+                    f"metadata.labels[{key}]",
+                    ErrorType.FORBIDDEN,
+                    f"must be {expected!r}, set from the requesting user by the mutating webhook "
+                    f"respawn-appwrapper (found {shown}; is that webhook registered?)",
+                )
+            )
+    return errors
+
+
 def _validate_create(
-    request: AdmissionRequest, obj: Mapping[str, Any], access: Mapping[AccessCheck, AccessResult]
+    request: AdmissionRequest,
+    obj: Mapping[str, Any],
+    access: Mapping[AccessCheck, AccessResult],
+    limits: TemplateLimits,
 ) -> AdmissionResponse:
     namespace = _namespace(request)
-    errors: list[_FieldError] = []
+    too_big = _limit_errors(obj, limits)
+    if too_big:
+        return _denied(too_big)
+    errors: list[_FieldError] = _creator_errors(request, obj)
+    errors += _reserved_errors(obj, _templates(obj))
     components: dict[int, AppWrapperComponent] = {}
     for index, template in enumerate(_templates(obj)):
         where = f"spec.components[{index}]"
@@ -473,7 +691,9 @@ def _validate_update(request: AdmissionRequest) -> AdmissionResponse:
 
 
 def validation_response(
-    request: AdmissionRequest, access: Mapping[AccessCheck, AccessResult]
+    request: AdmissionRequest,
+    access: Mapping[AccessCheck, AccessResult],
+    limits: TemplateLimits = TemplateLimits(),
 ) -> AdmissionResponse:
     """Whether to admit the request, given the answers to :func:`access_checks`.
 
@@ -484,7 +704,7 @@ def validation_response(
         if request.operation == "CREATE":
             if request.object is None:
                 raise ReviewError("a CREATE review must carry the object")
-            return _validate_create(request, request.object, access)
+            return _validate_create(request, request.object, access, limits)
         if request.operation == "UPDATE":
             return _validate_update(request)
     except ReviewError as exc:
@@ -492,15 +712,22 @@ def validation_response(
     return AdmissionResponse(allowed=True)
 
 
-async def validate(request: AdmissionRequest, authorize: Authorizer) -> AdmissionResponse:
+async def validate(
+    request: AdmissionRequest, authorize: Authorizer, limits: TemplateLimits = TemplateLimits()
+) -> AdmissionResponse:
     """:func:`validation_response` with the access questions answered by ``authorize``.
 
     The questions are asked concurrently; an exception from ``authorize`` is a failed check.
+    Templates over the limits are refused before any question is asked.
     """
+    if request.operation == "CREATE" and request.kind == (GROUP, VERSION, KIND):
+        too_big = _limit_errors(request.object, limits)
+        if too_big:
+            return _denied(too_big)
     checks = access_checks(request)
     results = await asyncio.gather(*(authorize(check) for check in checks), return_exceptions=True)
     access = {
         check: result if isinstance(result, AccessResult) else AccessResult(False, error=repr(result))
         for check, result in zip(checks, results, strict=True)
     }
-    return validation_response(request, access)
+    return validation_response(request, access, limits)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -38,6 +37,8 @@ from services.webhook.admission import (
     AdmissionResponse,
     Authorizer,
     ReviewError,
+    TemplateLimits,
+    decode_body,
     mutate,
     parse_review,
     refusal,
@@ -60,6 +61,9 @@ DEFAULT_CERT_DIR: Final = Path("/etc/respawn-webhook/certs")
 # An AppWrapper may be as large as etcd allows (about 1.5 MiB) and an UPDATE review carries
 # two copies of it.
 _MAX_REVIEW_BYTES: Final = 8 * 1024 * 1024
+# The API server waits 10 s for an answer (timeoutSeconds); a body still arriving after this long
+# comes from something else, which must not hold the connection open indefinitely.
+_READ_TIMEOUT: Final = 8.0
 # The API server gives a webhook 10 s by default; a SubjectAccessReview must come back well
 # before that, so the answer can still name the failure.
 _SAR_TIMEOUT: Final = 5.0
@@ -101,14 +105,20 @@ class KubeAuthorizer:
         return AccessResult(status.get("allowed") is True)
 
 
-def make_app(authorize: Authorizer, *, default_queue_name: str) -> web.Application:
+def make_app(
+    authorize: Authorizer, *, default_queue_name: str, limits: TemplateLimits = TemplateLimits()
+) -> web.Application:
     """The webhook's routes; ``authorize`` answers the validating webhook's access checks."""
 
     async def read(request: web.Request) -> Any:
         try:
-            return await request.json(loads=json.loads)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ReviewError(f"the body is not JSON: {exc}") from None
+            async with asyncio.timeout(_READ_TIMEOUT):
+                raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise ReviewError(f"the body is larger than {_MAX_REVIEW_BYTES} bytes") from None
+        except TimeoutError:
+            raise ReviewError(f"the body did not arrive within {_READ_TIMEOUT:g}s") from None
+        return decode_body(raw)
 
     async def mutate_handler(request: web.Request) -> web.Response:
         body: Any = None
@@ -138,7 +148,7 @@ def make_app(authorize: Authorizer, *, default_queue_name: str) -> web.Applicati
         try:
             body = await read(request)
             review = parse_review(body)
-            response = await validate(review, authorize)
+            response = await validate(review, authorize, limits)
         except ReviewError as exc:
             log.warning("validating review refused: %s", exc)
             response = refusal(f"malformed admission review: {exc}")
@@ -285,9 +295,11 @@ async def serve(options: Options) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    runner = web.AppRunner(
-        make_app(KubeAuthorizer(kube), default_queue_name=config.default_queue_name), access_log=None
+    limits = TemplateLimits(
+        max_depth=config.admission.max_template_depth, max_bytes=config.admission.max_template_bytes
     )
+    app = make_app(KubeAuthorizer(kube), default_queue_name=config.default_queue_name, limits=limits)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, options.host, options.port, ssl_context=cert.context)
@@ -297,10 +309,13 @@ async def serve(options: Options) -> int:
             log.error("cannot listen on %s:%d: %s", options.host, options.port, exc)
             return 2
         log.info(
-            "webhook serving on https://%s:%d (default queue %r)",
+            "webhook serving on https://%s:%d (default queue %r, templates at most %d levels deep "
+            "and %d bytes)",
             options.host,
             options.port,
             config.default_queue_name,
+            limits.max_depth,
+            limits.max_bytes,
         )
         await cert.watch(stopping)
     finally:

@@ -21,7 +21,7 @@ from respawn.testbed.nats import start_nats
 from shared import subjects
 from shared.bus import Bus, BusError, Delivery, Replay, StreamSpec, TransientError
 from shared.messages import ObjectRef, Verdict
-from tests.waiting import until, until_async
+from tests.waiting import until
 
 pytestmark = pytest.mark.nats
 
@@ -356,7 +356,7 @@ async def test_a_consumer_left_under_the_same_name_is_replaced_not_resumed(bus: 
         info = await bus.js.consumer_info(stream.name, durable)
         return bool(info.num_pending == 0 and info.num_ack_pending == 0 and info.ack_floor.stream_seq == 3)
 
-    await until_async("the earlier consumer to ack everything", all_acked)
+    await until("the earlier consumer to ack everything", all_acked)
     await consumer.stop()
 
     seen = Recorder()

@@ -7,18 +7,18 @@
 - The services run as processes with those tokens and their own NATS users, against a
   nats-server started with the generated auth config, and an AppWrapper still runs to Succeeded,
   is reset and fails at its retry limit, and node labels still become node verdicts.
-- On that server each service user can do its job on the bus and nothing more, and an outside
-  subscriber can read the public streams and write nowhere.
+- What each NATS user may and may not do on that server is proven, request by request, in
+  test_nats_permissions.py; here the outside subscriber reads the story of the AppWrappers from
+  the mirrors in its own account.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,10 +30,9 @@ import nats.errors
 import nats.js.errors
 import pytest
 import yaml
-from nats.js import api
 
 from respawn import natsauth
-from respawn.testbed import sim
+from respawn.testbed import manifests, sim
 from respawn.testbed.cluster import kubectl, kubectl_binary
 from respawn.testbed.manifests import job_appwrapper
 from respawn.testbed.modes import Endpoints
@@ -47,14 +46,9 @@ from shared.appwrapper.params import (
 from shared.bus import Bus, Delivery, default_streams
 from shared.config import load_config
 from shared.messages import (
-    AnyObservation,
-    AppWrapperObservation,
     LifecycleEvent,
     Message,
-    NodeObservation,
     NodeVerdict,
-    ObjectRef,
-    PodObservation,
     Verdict,
     decode,
 )
@@ -66,8 +60,7 @@ from tests.integration.objects import (
     labelled_pods,
     wait_phase,
 )
-from tests.integration.observe import Observer
-from tests.waiting import holds, until, until_sync
+from tests.waiting import until, until_sync
 
 pytestmark = pytest.mark.testbed
 
@@ -154,9 +147,14 @@ def test_build_holds_the_whole_system(built: dict[str, list[dict[str, Any]]], ta
         ("StatefulSet", "respawn-nats"),
         ("Service", "respawn-nats"),
         ("Service", "respawn-nats-headless"),
-        *(("Deployment", f"respawn-{s}") for s in SERVICES),
-        *(("ServiceAccount", f"respawn-{s}") for s in SERVICES),
-        *(("ClusterRoleBinding", f"respawn-{s}") for s in WITH_KUBE),
+        *(("Deployment", f"respawn-{s}") for s in (*SERVICES, "webhook")),
+        *(("ServiceAccount", f"respawn-{s}") for s in (*SERVICES, "webhook")),
+        *(("ClusterRoleBinding", f"respawn-{s}") for s in (*WITH_KUBE, "webhook")),
+        ("Service", "respawn-webhook"),
+        ("MutatingWebhookConfiguration", "respawn-appwrapper"),
+        ("ValidatingWebhookConfiguration", "respawn-appwrapper"),
+        ("ValidatingAdmissionPolicy", LIFECYCLE_POLICY),
+        ("ValidatingAdmissionPolicyBinding", LIFECYCLE_POLICY),
     }
     assert expected <= names
     namespaced = [d for d in docs if d["kind"] not in CLUSTER_SCOPED]
@@ -170,7 +168,54 @@ CLUSTER_SCOPED = {
     "ClusterRoleBinding",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
 }
+LIFECYCLE_POLICY = "respawn-lifecycle-creates-appwrapper-components"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_webhook_is_installed_failing_closed_with_the_services_configuration(
+    built: dict[str, list[dict[str, Any]]], target: str
+) -> None:
+    docs = built[target]
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (hook,) = one(docs, kind, "respawn-appwrapper")["webhooks"]
+        # No answer, no AppWrapper: an outage refuses creation rather than skipping the checks.
+        assert hook["failurePolicy"] == "Fail", kind
+        assert hook["clientConfig"]["service"] == {
+            "name": "respawn-webhook",
+            "namespace": SYSTEM_NS,
+            "path": "/mutate-appwrapper" if kind.startswith("Mutating") else "/validate-appwrapper",
+            "port": 443,
+        }
+    spec = pod_specs(docs)["respawn-webhook"]
+    (container,) = spec["containers"]
+    assert container["command"] == ["python", "-m", "services.webhook"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # The webhook reads the services' generated configuration (admission.* and defaultQueueName).
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == configmap(docs, "respawn-config")["metadata"]["name"]
+    assert container["envFrom"] == [
+        {"configMapRef": {"name": configmap(docs, "respawn-env")["metadata"]["name"]}}
+    ]
+    assert volumes["certs"]["secret"]["secretName"] == "respawn-webhook-cert"
+    replicas = one(docs, "Deployment", "respawn-webhook")["spec"]["replicas"]
+    assert replicas == (2 if target == "base" else 1)
+
+
+def test_the_lifecycle_policy_names_the_built_service_account(built: dict[str, list[dict[str, Any]]]) -> None:
+    # The policy matches lifecycle by its user name, which kustomize cannot rewrite in CEL: it
+    # must agree with the namespace and ServiceAccount the base builds.
+    docs = built["base"]
+    policy = one(docs, "ValidatingAdmissionPolicy", LIFECYCLE_POLICY)["spec"]
+    account = one(docs, "ServiceAccount", "respawn-lifecycle")
+    user = f"system:serviceaccount:{account['metadata']['namespace']}:{account['metadata']['name']}"
+    (by_lifecycle,) = [c for c in policy["matchConditions"] if c["name"] == "made-by-lifecycle"]
+    assert by_lifecycle["expression"] == f"request.userInfo.username == '{user}'"
+    assert f"'{SYSTEM_NS}'" in policy["validations"][0]["expression"]
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", LIFECYCLE_POLICY)["spec"]
+    assert binding == {"policyName": LIFECYCLE_POLICY, "validationActions": ["Deny"]}
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -285,6 +330,7 @@ def test_operator_config_in_the_base_is_valid(built: dict[str, list[dict[str, An
     config = load_config(path, env=env)
     assert config.nats.url == "nats://respawn-nats:4222"
     assert config.nats.stream_replicas == 3
+    assert (config.admission.max_template_depth, config.admission.max_template_bytes) == (64, 512 * 1024)
 
 
 def test_dockerfile_builds_one_non_root_image_from_the_package() -> None:
@@ -376,10 +422,20 @@ def accounts(
 ) -> Iterator[Accounts]:
     """The base's ServiceAccounts and RBAC applied to the testbed, and a token for each."""
     kc = testbed.kubeconfig
+    # With lifecycle's admission policy: everything below, the services end to end included, runs
+    # under it.
     rbac = [
         d
         for d in build("base")
-        if d["kind"] in ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+        if d["kind"]
+        in (
+            "Namespace",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        )
     ]
     kubectl(kc, "apply", "-f", "-", stdin=dump(rbac))
 
@@ -402,8 +458,15 @@ def accounts(
             kc, "create", "token", f"respawn-{service}", "-n", SYSTEM_NS, "--duration=2h"
         ).stdout.strip()
         kubeconfigs[service] = service_account_kubeconfig(kc, token, out / f"{service}.kubeconfig")
+
+    # The API server enforces a new policy once its informers have seen it: poll with a dry run.
+    def policy_in_force() -> bool:
+        probe = ("create", "configmap", "policy-probe", "-n", "default", "--dry-run=server")
+        return LIFECYCLE_POLICY in kubectl(kubeconfigs["lifecycle"], *probe, check=False).stderr
+
+    until_sync(f"{LIFECYCLE_POLICY} to be in force", policy_in_force, within=60, every=0.3)
     yield Accounts(kubeconfigs)
-    bindings = [d for d in rbac if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    bindings = [d for d in rbac if d["kind"] not in ("Namespace", "ServiceAccount")]
     kubectl(kc, "delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=dump(bindings), check=False)
 
 
@@ -457,6 +520,31 @@ WRAPPED_KINDS = (
     "rayjobs.ray.io",
 )
 APPWRAPPERS = "appwrappers.workload.codeflare.dev"
+
+
+def owned_job(name: str, owner_uid: str) -> dict[str, Any]:
+    """A Job as lifecycle creates one: controlled by the AppWrapper ``owner``."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "ownerReferences": [
+                {
+                    "apiVersion": "workload.codeflare.dev/v1beta2",
+                    "kind": "AppWrapper",
+                    "name": "owner",
+                    "uid": owner_uid,
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "template": {
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}
+            }
+        },
+    }
 
 
 def test_watcher_may_read_what_it_watches_and_nothing_else(
@@ -525,8 +613,19 @@ def test_lifecycle_may_manage_appwrappers_and_their_resources_and_nothing_else(
         ("create", "pods/exec"),
     ]:
         assert not can_i(kc, verb, resource), f"lifecycle may {verb} {resource}"
-    # Real requests, both ways: it creates and deletes a wrapped kind, but cannot edit it.
-    kubectl(kc, "create", "job", "probe", "--image=busybox", "-n", namespace)
+    # Real requests, both ways: it creates and deletes a wrapped kind, but cannot edit it. What
+    # it creates must belong to an AppWrapper (its admission policy, deploy/base/rbac).
+    unowned = kubectl(kc, "create", "job", "unowned", "--image=busybox", "-n", namespace, check=False)
+    assert unowned.returncode != 0
+    assert f"ValidatingAdmissionPolicy '{LIFECYCLE_POLICY}'" in unowned.stderr, unowned.stderr
+    assert "has no controller ownerReference to a workload.codeflare.dev/v1beta2 AppWrapper" in unowned.stderr
+    # Owned by a real (suspended) AppWrapper, so the garbage collector leaves the Job alone.
+    owner = manifests.job_appwrapper("owner", suspend=True)
+    kubectl(testbed.kubeconfig, "create", "-n", namespace, "-f", "-", stdin=json.dumps(owner))
+    uid = kubectl(
+        testbed.kubeconfig, "get", "appwrapper", "owner", "-n", namespace, "-o", "jsonpath={.metadata.uid}"
+    ).stdout
+    kubectl(kc, "create", "-n", namespace, "-f", "-", stdin=json.dumps(owned_job("probe", uid)))
     refused(kc, "lifecycle", "label", "job", "probe", "edited=1", "-n", namespace)
     kubectl(kc, "delete", "job", "probe", "-n", namespace, "--wait=false")
     refused(kc, "lifecycle", "get", "secrets", "-n", namespace)
@@ -618,393 +717,8 @@ async def client(auth: AuthNats, user: str, *, inbox_prefix: str | None = None) 
         await nc.close()
 
 
-@asynccontextmanager
-async def service_bus(auth: AuthNats, service: str) -> AsyncIterator[Bus]:
-    """The bus as the service's runtime opens it (shared/runtime.py), streams set up."""
-    bus = await Bus.connect(
-        auth.url,
-        name=f"respawn-{service}",
-        user=service,
-        password=auth.passwords[service],
-        connect_deadline=10,
-    )
-    try:
-        await bus.ensure_streams()
-        yield bus
-    finally:
-        await bus.close()
-
-
 def subscriber(auth: AuthNats) -> Any:
     return client(auth, natsauth.SUBSCRIBER, inbox_prefix=natsauth.inbox_prefix(natsauth.SUBSCRIBER))
-
-
-async def stored(bus: Bus, stream: str, subject: str) -> int:
-    """How many messages ``stream`` holds on ``subject``."""
-    info = await bus.js.stream_info(stream, subjects_filter=subject)
-    return int((info.state.subjects or {}).get(subject, 0))
-
-
-# Sample messages, each with the subject it is published on and the user that publishes it.
-
-
-def pod_observation(ns: str, aw: str) -> tuple[str, Message]:
-    pod = f"{aw}-0"
-    message = PodObservation(
-        ref=ObjectRef(namespace=ns, name=pod, uid=unique("uid")), appwrapper=aw, observed_at=now()
-    )
-    return subjects.appwrapper_obs(ns, aw, "pod", pod), message
-
-
-def appwrapper_observation(ns: str, aw: str) -> tuple[str, Message]:
-    message = AppWrapperObservation(
-        ref=ObjectRef(namespace=ns, name=aw, uid=unique("uid")), observed_at=now()
-    )
-    return subjects.appwrapper_obs(ns, aw, "appwrapper", aw), message
-
-
-def node_observation(node: str) -> tuple[str, Message]:
-    return subjects.node_obs(node), NodeObservation(name=node, observed_at=now(), labels={"a": "b"})
-
-
-def verdict(ns: str, aw: str) -> tuple[str, Message]:
-    message = Verdict(
-        ref=ObjectRef(namespace=ns, name=aw, uid=unique("uid")), state="Healthy", decided_at=now()
-    )
-    return subjects.verdict(ns, aw), message
-
-
-def node_verdict(resource: str) -> tuple[str, Message]:
-    return subjects.node_verdict(resource), NodeVerdict(
-        resource=resource, no_schedule=("n1",), decided_at=now()
-    )
-
-
-def lifecycle_event(ns: str, aw: str) -> tuple[str, Message]:
-    message = LifecycleEvent(
-        ref=ObjectRef(namespace=ns, name=aw, uid=unique("uid")),
-        event="PhaseChanged",
-        phase="Running",
-        at=now(),
-    )
-    return subjects.lifecycle_event(ns, aw), message
-
-
-@dataclass(frozen=True)
-class Feed:
-    """A stream a service consumes: who produces into it, and a sample message."""
-
-    stream: str
-    filter_subject: str
-    message_cls: type[Message]
-    producer: str
-    sample: Callable[[], tuple[str, Message]]
-
-
-OWN_MESSAGE: dict[str, Callable[[], tuple[str, Message]]] = {
-    "watcher": lambda: pod_observation(unique("ns"), unique("aw")),
-    "health": lambda: verdict(unique("ns"), unique("aw")),
-    "lifecycle": lambda: lifecycle_event(unique("ns"), unique("aw")),
-    "autopilot": lambda: node_verdict(unique("example.com/res")),
-}
-FEEDS: dict[str, list[Feed]] = {
-    "watcher": [],
-    "health": [
-        Feed(
-            subjects.OBSERVATIONS_STREAM,
-            subjects.appwrapper_obs_filter(),
-            AnyObservation,
-            "watcher",
-            lambda: pod_observation(unique("ns"), unique("aw")),
-        ),
-        Feed(
-            subjects.NODE_VERDICTS_STREAM,
-            subjects.node_verdict_filter(),
-            NodeVerdict,
-            "autopilot",
-            lambda: node_verdict(unique("example.com/res")),
-        ),
-    ],
-    "lifecycle": [
-        Feed(
-            subjects.VERDICTS_STREAM,
-            subjects.verdict_filter(),
-            Verdict,
-            "health",
-            lambda: verdict(unique("ns"), unique("aw")),
-        ),
-        Feed(
-            subjects.OBSERVATIONS_STREAM,
-            subjects.appwrapper_obs_filter(),
-            AnyObservation,
-            "watcher",
-            lambda: appwrapper_observation(unique("ns"), unique("aw")),
-        ),
-    ],
-    "autopilot": [
-        Feed(
-            subjects.OBSERVATIONS_STREAM,
-            subjects.node_obs_filter(),
-            NodeObservation,
-            "watcher",
-            lambda: node_observation(unique("node")),
-        )
-    ],
-}
-
-
-async def consume_one_and_dead_letter_one(auth: AuthNats, service: str, bus: Bus, feed: Feed) -> None:
-    """``service`` consumes a message from ``feed`` (acked) and dead-letters an undecodable one."""
-    received: list[str] = []
-
-    async def handler(message: Message, delivery: Delivery) -> None:
-        received.append(delivery.subject)
-
-    durable = unique(service)
-    consumer = await bus.consume(
-        feed.stream,
-        durable,
-        feed.filter_subject,
-        feed.message_cls,
-        handler,
-        deliver_policy=api.DeliverPolicy.NEW,
-        inactive_threshold=60.0,
-    )
-    await until(f"{service}'s consumer to bind", lambda: consumer.running, within=10)
-    dead_letters = subjects.dead_letter(f"respawn-{service}")
-    dead_before = await stored(bus, subjects.DEAD_LETTER_STREAM, dead_letters)
-    subject, message = feed.sample()
-    async with service_bus(auth, feed.producer) as producer:
-        await producer.publish(subject, message, msg_id=None)
-        await until(f"{service} to receive {subject}", lambda: subject in received, within=10)
-        await producer.js.publish(subject, b"\xc1 not msgpack", timeout=5)
-
-    await until(
-        f"{service} to dead-letter the undecodable message",
-        lambda: stored(bus, subjects.DEAD_LETTER_STREAM, dead_letters),
-        done=lambda count: count == dead_before + 1,
-        within=10,
-    )
-
-    await until(
-        f"{service}'s acks to reach the server",
-        lambda: bus.js.consumer_info(feed.stream, durable),
-        done=lambda info: (
-            info.num_pending == 0 and info.num_ack_pending == 0 and info.ack_floor.stream_seq > 0
-        ),
-        within=10,
-    )
-    await consumer.stop()
-
-
-@pytest.mark.parametrize("service", SERVICES)
-async def test_each_service_user_can_do_its_job_on_the_bus(auth_nats: AuthNats, service: str) -> None:
-    async with service_bus(auth_nats, service) as bus:  # sets up every stream
-        subject, message = OWN_MESSAGE[service]()
-        published = await bus.publish(subject, message, msg_id=None)
-        assert not published.duplicate and published.seq > 0
-        for feed in FEEDS[service]:
-            await consume_one_and_dead_letter_one(auth_nats, service, bus, feed)
-        if service in ("health", "autopilot"):
-            # The start-up reads (Bus.replay of the last message per subject): health's of the
-            # verdicts, autopilot's of the node verdicts; each deletes its consumer when done.
-            stream = subjects.VERDICTS_STREAM if service == "health" else subjects.NODE_VERDICTS_STREAM
-            read: list[Message] = []
-
-            async def keep(message: Message, delivery: Delivery) -> None:
-                if delivery.subject == subject:
-                    read.append(message)
-
-            await bus.replay(
-                stream,
-                unique(service),
-                subject,
-                type(message),
-                keep,
-                last_per_subject=True,
-                follow=False,
-            )
-            assert read == [message]
-            # The replay it follows from then on, stopped and deleted at shutdown.
-            durable = unique(service)
-            observations = await bus.replay(
-                subjects.OBSERVATIONS_STREAM,
-                durable,
-                subjects.node_obs_filter() if service == "autopilot" else subjects.appwrapper_obs_filter(),
-                NodeObservation if service == "autopilot" else AnyObservation,
-                _ignore,
-                fetch_timeout=0.2,
-            )
-            await asyncio.wait_for(observations.wait_caught_up(), 10)
-            await observations.stop()
-            with pytest.raises(nats.js.errors.NotFoundError):
-                await bus.js.consumer_info(subjects.OBSERVATIONS_STREAM, durable)
-
-
-async def _ignore(message: Message, delivery: Delivery) -> None:
-    return None
-
-
-MESSAGE_SUBJECTS = {
-    "watcher": (subjects.appwrapper_obs("ns", "aw", "pod", "p"), subjects.node_obs("node-1")),
-    "health": (subjects.verdict("ns", "aw"),),
-    "lifecycle": (subjects.lifecycle_event("ns", "aw"),),
-    "autopilot": (subjects.node_verdict("nvidia.com/gpu"),),
-}
-
-
-@pytest.mark.parametrize("service", SERVICES)
-async def test_a_service_may_not_publish_another_services_messages(auth_nats: AuthNats, service: str) -> None:
-    foreign = [s for owner, subs in MESSAGE_SUBJECTS.items() if owner != service for s in subs]
-    foreign += [subjects.dead_letter(f"respawn-{s}") for s in SERVICES if s != service]
-    async with client(auth_nats, service) as c, service_bus(auth_nats, "watcher") as reader:
-        before = {s: await stored(reader, stream_of(s), s) for s in foreign}
-        for subject in foreign:
-            await c.nc.publish(subject, b"forged")
-            await c.nc.flush()
-            await c.wait_refused("publish", subject)
-        for subject in foreign:
-            assert await stored(reader, stream_of(subject), subject) == before[subject], subject
-
-
-def stream_of(subject: str) -> str:
-    for prefix, stream in (
-        (subjects.OBS_PREFIX, subjects.OBSERVATIONS_STREAM),
-        (subjects.NODE_VERDICT_PREFIX, subjects.NODE_VERDICTS_STREAM),
-        (subjects.VERDICT_PREFIX, subjects.VERDICTS_STREAM),
-        (subjects.LIFECYCLE_PREFIX, subjects.LIFECYCLE_STREAM),
-        (subjects.DEAD_LETTER_PREFIX, subjects.DEAD_LETTER_STREAM),
-    ):
-        if subject.startswith(prefix + "."):
-            return stream
-    raise ValueError(subject)
-
-
-async def test_a_watchers_verdict_is_refused_and_not_stored(auth_nats: AuthNats) -> None:
-    subject, message = verdict(unique("ns"), unique("aw"))
-    async with client(auth_nats, "watcher") as watcher, service_bus(auth_nats, "health") as health:
-        with pytest.raises((TimeoutError, nats.errors.NoRespondersError)):
-            await watcher.js.publish(subject, message.encode(), timeout=1)
-        await watcher.wait_refused("publish", subject)
-        assert await stored(health, subjects.VERDICTS_STREAM, subject) == 0
-        # The same verdict from health is stored: the subject, not the stream, was refused.
-        await health.publish(subject, message, msg_id=None)
-        assert await stored(health, subjects.VERDICTS_STREAM, subject) == 1
-
-
-async def test_an_outside_subscriber_reads_the_public_streams(auth_nats: AuthNats) -> None:
-    ns, aw = unique("ns"), unique("aw")
-    v_subject, v_message = verdict(ns, aw)
-    l_subject, l_message = lifecycle_event(ns, aw)
-    async with service_bus(auth_nats, "health") as health, service_bus(auth_nats, "lifecycle") as lifecycle:
-        await health.publish(v_subject, v_message, msg_id=None)
-        await lifecycle.publish(l_subject, l_message, msg_id=None)
-    async with subscriber(auth_nats) as sub:
-        js = sub.js
-        # A durable pull consumer of its own, with explicit acks.
-        durable = unique("dashboard")
-        psub = await js.pull_subscribe(v_subject, durable=durable, stream=subjects.VERDICTS_STREAM)
-        (msg,) = await psub.fetch(1, timeout=5)
-        assert decode(Verdict, msg.data) == v_message
-        await msg.ack_sync(timeout=5)
-        info = await js.consumer_info(subjects.VERDICTS_STREAM, durable)
-        assert info.ack_floor.stream_seq == msg.metadata.sequence.stream
-        await js.delete_consumer(subjects.VERDICTS_STREAM, durable)
-        # An ordered replay of the lifecycle stream, and a direct read of the last verdict.
-        osub = await js.subscribe(l_subject, stream=subjects.LIFECYCLE_STREAM, ordered_consumer=True)
-        replayed = await osub.next_msg(timeout=5)
-        assert decode(LifecycleEvent, replayed.data) == l_message
-        await osub.unsubscribe()
-        last = await js.get_last_msg(subjects.VERDICTS_STREAM, v_subject)
-        assert decode(Verdict, last.data) == v_message
-        assert sub.refusals() == ""
-
-
-async def test_an_outside_subscriber_publishes_nowhere(auth_nats: AuthNats) -> None:
-    forbidden = [s for subs in MESSAGE_SUBJECTS.values() for s in subs]
-    forbidden += [subjects.dead_letter("respawn-health"), "anything.at.all", "_INBOX.abc"]
-    forbidden += [
-        f"$JS.API.STREAM.{op}.{stream}"
-        for op in ("CREATE", "UPDATE", "DELETE", "PURGE", "MSG.DELETE")
-        for stream in (subjects.VERDICTS_STREAM, subjects.LIFECYCLE_STREAM)
-    ]
-    forbidden += [
-        "$JS.API.STREAM.CREATE.MINE",
-        f"$JS.API.CONSUMER.CREATE.{subjects.OBSERVATIONS_STREAM}.spy.respawn.obs.v1.>",
-        f"$JS.API.CONSUMER.MSG.NEXT.{subjects.OBSERVATIONS_STREAM}.lifecycle-observations",
-        f"$JS.ACK.{subjects.OBSERVATIONS_STREAM}.lifecycle-observations.1.1.1.1.0",
-    ]
-    async with service_bus(auth_nats, "watcher") as reader:
-        counts = {s.name: (await reader.js.stream_info(s.name)).state.messages for s in STREAMS}
-        async with subscriber(auth_nats) as sub:
-            for subject in forbidden:
-                await sub.nc.publish(subject, b"{}")
-                await sub.nc.flush()
-                await sub.wait_refused("publish", subject)
-        assert {s.name: (await reader.js.stream_info(s.name)).state.messages for s in STREAMS} == counts
-
-
-async def test_an_outside_subscriber_cannot_read_the_internal_streams(auth_nats: AuthNats) -> None:
-    async with subscriber(auth_nats) as sub:
-        with pytest.raises(TimeoutError):
-            await sub.js.add_consumer(subjects.OBSERVATIONS_STREAM, api.ConsumerConfig(name="spy"))
-        await sub.wait_refused("publish", f"$JS.API.CONSUMER.CREATE.{subjects.OBSERVATIONS_STREAM}.spy")
-        # Nor the replies and deliveries of the services, which arrive under _INBOX.
-        await sub.nc.subscribe("_INBOX.>")
-        await sub.wait_refused("subscription", "_INBOX.>")
-
-
-async def test_an_outside_subscriber_cannot_write_into_a_stream_through_a_push_consumer(
-    auth_nats: AuthNats,
-) -> None:
-    # A push consumer delivers to any subject that has interest. Were the subscriber allowed to
-    # subscribe to a verdict subject, a consumer on the lifecycle stream delivering there would
-    # copy lifecycle events into the verdict stream.
-    ns, aw = unique("ns"), unique("aw")
-    target = subjects.verdict(ns, aw)
-    async with subscriber(auth_nats) as sub, service_bus(auth_nats, "lifecycle") as lifecycle:
-        await sub.nc.subscribe(target)
-        await sub.wait_refused("subscription", target)
-        name = unique("relay")
-        await sub.js.add_consumer(
-            subjects.LIFECYCLE_STREAM,
-            api.ConsumerConfig(name=name, deliver_subject=target, ack_policy=api.AckPolicy.NONE),
-        )
-        subject, message = lifecycle_event(ns, aw)
-        await lifecycle.publish(subject, message, msg_id=None)
-        # Given time for a delivery, if one were possible, none happens.
-        await holds(
-            f"nothing delivered to {target}",
-            lambda: sub.js.consumer_info(subjects.LIFECYCLE_STREAM, name),
-            done=lambda info: info.delivered.stream_seq == 0,
-            during=1.0,
-        )
-        info = await sub.js.consumer_info(subjects.LIFECYCLE_STREAM, name)
-        assert info.delivered.stream_seq == 0 and info.num_pending >= 1
-        assert await stored(lifecycle, subjects.VERDICTS_STREAM, target) == 0
-        await sub.js.delete_consumer(subjects.LIFECYCLE_STREAM, name)
-
-
-async def test_an_outside_subscriber_needs_its_private_inbox(auth_nats: AuthNats) -> None:
-    async with client(auth_nats, natsauth.SUBSCRIBER) as plain:  # default _INBOX prefix
-        with pytest.raises(TimeoutError):
-            await plain.js.stream_info(subjects.VERDICTS_STREAM)
-        assert 'subscription to "_inbox.' in plain.refusals().lower()
-
-
-async def test_a_wrong_password_is_refused(auth_nats: AuthNats) -> None:
-    with pytest.raises(nats.errors.Error) as refused_:
-        await nats.connect(
-            auth_nats.url,
-            user="watcher",
-            password="Wrong" + "x" * 30,
-            allow_reconnect=False,
-            max_reconnect_attempts=0,
-        )
-    assert "authorization" in str(refused_.value).lower()
-
-
-# ----------------------------------------------------- the services, least privilege, end to end
 
 
 @dataclass
@@ -1063,12 +777,30 @@ def stack(
             process.stop()
 
 
-async def published_for(auth: AuthNats, stream: str, subject: str, cls: type[M]) -> list[M]:
-    """Every message on ``subject``, read as the outside subscriber."""
-    user = natsauth.SUBSCRIBER
-    options = {"user": user, "password": auth.passwords[user], "inbox_prefix": natsauth.inbox_prefix(user)}
-    async with Observer(auth.url, **options) as obs:
-        return await obs.all(stream, subject, cls)
+async def published_for(auth: AuthNats, stream: str, subject: str, cls: type[Message]) -> list[Any]:
+    """Every message on ``subject``, read as the outside subscriber from its mirror of ``stream``."""
+    async with client(auth, "watcher") as watcher:
+        source = await watcher.js.stream_info(stream, subjects_filter=subject)
+        expected = int((source.state.subjects or {}).get(subject, 0))
+    async with subscriber(auth) as sub:
+        await natsauth.ensure_mirrors(sub.nc, natsauth.SUBSCRIBER)
+
+        async def caught_up() -> bool:
+            mirror = await sub.js.stream_info(stream, subjects_filter=subject)
+            return int((mirror.state.subjects or {}).get(subject, 0)) >= expected
+
+        await until(f"the subscriber's mirror of {stream} to hold {subject}", caught_up, within=30)
+        osub = await sub.js.subscribe(subject, stream=stream, ordered_consumer=True)
+        out = []
+        try:
+            while True:
+                try:
+                    msg = await osub.next_msg(timeout=1.0)
+                except TimeoutError:
+                    return out
+                out.append(decode(cls, msg.data))
+        finally:
+            await osub.unsubscribe()
 
 
 async def test_services_with_their_own_accounts_run_an_appwrapper_to_succeeded(
@@ -1132,7 +864,14 @@ async def test_services_with_their_own_accounts_turn_node_labels_into_node_verdi
         async def keep(message: NodeVerdict, delivery: Delivery) -> None:
             found.append(message)
 
-        async with service_bus(stack.auth, "autopilot") as autopilot:
+        autopilot = await Bus.connect(
+            stack.auth.url,
+            name="respawn-autopilot",
+            user="autopilot",
+            password=stack.auth.passwords["autopilot"],
+            connect_deadline=10,
+        )
+        try:
             await autopilot.replay(
                 subjects.NODE_VERDICTS_STREAM,
                 unique("autopilot"),
@@ -1142,6 +881,8 @@ async def test_services_with_their_own_accounts_turn_node_labels_into_node_verdi
                 last_per_subject=True,
                 follow=False,
             )
+        finally:
+            await autopilot.close()
         return found[-1] if found else None
 
     sim.label_node(kc, node, TEST_LABEL, "BAD")

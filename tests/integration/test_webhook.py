@@ -19,6 +19,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from respawn.testbed.modes import Endpoints
 from respawn.testbed.ports import free_port
 from respawn.testbed.process import Proc, start, stop_pid, wait_until
 from services.webhook.admission import sanitize_label
-from shared.appwrapper.constants import QUEUE_NAME_LABEL, USER_ID_LABEL, USER_LABEL
+from shared.appwrapper.constants import APPWRAPPER_LABEL, QUEUE_NAME_LABEL, USER_ID_LABEL, USER_LABEL
 from tests.waiting import until_sync
 
 pytestmark = pytest.mark.testbed
@@ -457,6 +458,126 @@ def test_user_labels_cannot_change_but_other_labels_can(
     assert updates_seen() == seen + 1
     after = get_aw(testbed, namespace, "fixed")["metadata"]["labels"]
     assert after == {**before, "team": "a"}
+
+
+def nested_job_aw(name: str, depth: int) -> dict[str, Any]:
+    """A Job AppWrapper whose pod spec carries an extra field ``depth`` levels deep."""
+    body = job_aw(name)
+    extra: Any = "leaf"
+    for _ in range(depth):
+        extra = {"x": extra}
+    body["spec"]["components"][0]["template"]["spec"]["template"]["spec"]["x"] = extra
+    return body
+
+
+@pytest.mark.usefixtures("registered")
+def test_templates_too_deep_or_too_large_are_refused_naming_the_limit(
+    testbed: Endpoints, namespace: str
+) -> None:
+    run = admin(testbed)
+    # The API server itself takes both; the webhook refuses them before any service sees them.
+    deep = create(run, namespace, nested_job_aw("deep", 300))
+    assert deep.returncode != 0
+    text = " ".join(deep.stderr.split())
+    assert "denied the request: spec.components[0].template: Invalid: nested more than 64 levels deep" in text
+    assert "the limit is admission.maxTemplateDepth=64" in text
+    large = job_aw("large")
+    # (Not in annotations: the CRD's schema caps those at 256 KiB itself.)
+    container = large["spec"]["components"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    container["args"] = ["x" * 1000] * 600
+    refused = create(run, namespace, large)
+    assert refused.returncode != 0
+    text = " ".join(refused.stderr.split())
+    assert "spec.components: Invalid: the component templates take" in text
+    assert "the limit is admission.maxTemplateBytes=524288" in text
+    # Within the limits the same shapes are admitted.
+    assert create(run, namespace, nested_job_aw("shallow", 20)).returncode == 0
+    listed = kubectl(testbed.kubeconfig, "get", "appwrappers", "-n", namespace, "-o", "name").stdout.split()
+    assert listed == ["appwrapper.workload.codeflare.dev/shallow"]
+
+
+@pytest.mark.usefixtures("registered")
+def test_templates_may_not_attribute_pods_to_another_appwrapper(testbed: Endpoints, namespace: str) -> None:
+    body = job_aw("thief")
+    pod = body["spec"]["components"][0]["template"]["spec"]["template"]
+    pod["metadata"] = {"labels": {APPWRAPPER_LABEL: "victim"}}
+    result = create(admin(testbed), namespace, body)
+    assert result.returncode != 0
+    assert (
+        "spec.components[0].template.spec.template.metadata.labels[workload.codeflare.dev/appwrapper]: "
+        "Forbidden: Respawn sets this label to the AppWrapper's name (thief)"
+    ) in " ".join(result.stderr.split())
+    pod["metadata"]["labels"][APPWRAPPER_LABEL] = "thief"
+    assert create(admin(testbed), namespace, body).returncode == 0
+
+
+@contextmanager
+def registered_with(testbed: Endpoints, configurations: list[dict[str, Any]]) -> Iterator[None]:
+    kubectl(
+        testbed.kubeconfig,
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": configurations}),
+    )
+    try:
+        yield
+    finally:
+        for conf in configurations:
+            kubectl(
+                testbed.kubeconfig,
+                "delete",
+                conf["kind"],
+                conf["metadata"]["name"],
+                "--ignore-not-found",
+                check=False,
+            )
+
+
+def test_a_mutating_webhook_that_cannot_answer_fails_closed(
+    testbed: Endpoints, namespace: str, webhook: Webhook
+) -> None:
+    mutating, validating = _configurations(namespace, webhook)
+    mutating["webhooks"][0]["clientConfig"]["url"] = f"https://127.0.0.1:{free_port()}/mutate-appwrapper"
+    with registered_with(testbed, [mutating, validating]):
+        run = admin(testbed)
+
+        def refused() -> str:
+            result = create(run, namespace, job_aw("unmutated"), "--dry-run=server")
+            return (
+                result.stderr
+                if result.returncode != 0 and "mutate.appwrappers.respawn.dev" in result.stderr
+                else ""
+            )
+
+        message = until_sync("the unreachable mutating webhook to be consulted", refused, within=30)
+        assert 'failed calling webhook "mutate.appwrappers.respawn.dev"' in message
+    assert kubectl(testbed.kubeconfig, "get", "appwrappers", "-n", namespace, "-o", "name").stdout == ""
+
+
+def test_an_appwrapper_the_mutating_webhook_did_not_label_is_refused(
+    testbed: Endpoints, namespace: str, webhook: Webhook
+) -> None:
+    # A mutation that did not happen (the configuration missing, or the webhook admitting a
+    # review it could not read) leaves labels that do not name the creator: harmless, because
+    # validation refuses them.
+    _, validating = _configurations(namespace, webhook)
+    with registered_with(testbed, [validating]):
+        run = admin(testbed)
+        forged = job_aw("forged")
+        forged["metadata"]["labels"] = {USER_LABEL: "someone-else"}
+
+        def refused() -> str:
+            result = create(run, namespace, forged, "--dry-run=server")
+            return result.stderr if "denied the request" in result.stderr else ""
+
+        message = " ".join(until_sync("the validating webhook to be consulted", refused, within=30).split())
+        whoami = json.loads(run("auth", "whoami", "-o", "json").stdout)["status"]["userInfo"]["username"]
+        assert (
+            f"metadata.labels[{USER_LABEL}]: Forbidden: must be '{sanitize_label(whoami)}', set from the "
+            "requesting user by the mutating webhook respawn-appwrapper (found 'someone-else';"
+        ) in message, message
+        assert f"metadata.labels[{USER_ID_LABEL}]: Forbidden: must be '', set from" in message, message
 
 
 def test_webhooks_answer_malformed_reviews(webhook: Webhook) -> None:

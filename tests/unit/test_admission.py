@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from respawn.testbed import manifests
@@ -21,7 +21,9 @@ from services.webhook.admission import (
     AccessResult,
     AdmissionRequest,
     ReviewError,
+    TemplateLimits,
     access_checks,
+    decode_body,
     mutate,
     parse_review,
     review_body,
@@ -31,7 +33,8 @@ from services.webhook.admission import (
     validation_response,
 )
 from services.webhook.server import ServingCert, make_app, parse_options
-from shared.appwrapper.constants import QUEUE_NAME_LABEL, USER_ID_LABEL, USER_LABEL
+from shared.appwrapper.constants import APPWRAPPER_LABEL, QUEUE_NAME_LABEL, USER_ID_LABEL, USER_LABEL
+from shared.config import load_config
 
 NS = "team-a"
 ALICE = {
@@ -88,6 +91,18 @@ def review(
 
 def request_for(obj: dict[str, Any] | None, **kwargs: Any) -> AdmissionRequest:
     return parse_review(review(obj, **kwargs))
+
+
+def mutated(obj: dict[str, Any], user: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``obj`` as the mutating webhook leaves it for ``user`` (ALICE by default): what the API
+    server sends to the validating webhook."""
+    response = mutate(request_for(obj, user=user), default_queue_name="")
+    return apply_patch(obj, list(response.patch))
+
+
+def validating(obj: dict[str, Any], **kwargs: Any) -> AdmissionRequest:
+    """The validating webhook's CREATE review of ``obj``, after the mutating webhook."""
+    return request_for(mutated(obj, kwargs.get("user")), **kwargs)
 
 
 def allow_all(request: AdmissionRequest) -> dict[AccessCheck, AccessResult]:
@@ -303,7 +318,7 @@ def test_mutate_leaves_updates_and_malformed_objects_alone() -> None:
 
 
 def test_one_access_check_per_wrapped_kind_in_the_appwrapper_namespace() -> None:
-    request = request_for(appwrapper(deployment(), job(), deployment()))
+    request = validating(appwrapper(deployment(), job(), deployment()))
     checks = access_checks(request)
     assert [(c.api_version, c.kind, c.namespace) for c in checks] == [
         ("apps/v1", "Deployment", NS),
@@ -318,7 +333,7 @@ def test_no_access_checks_for_updates() -> None:
 
 
 def test_subject_access_review_carries_the_whole_user() -> None:
-    request = request_for(appwrapper(deployment()))
+    request = validating(appwrapper(deployment()))
     (check,) = access_checks(request)
     sar = subject_access_review(check, group="apps", version="v1", resource="deployments")
     assert sar == {
@@ -341,7 +356,7 @@ def test_subject_access_review_carries_the_whole_user() -> None:
 
 
 def test_denied_kind_rejects_with_a_message_naming_it() -> None:
-    request = request_for(appwrapper(job(), deployment()))
+    request = validating(appwrapper(job(), deployment()))
     access = {c: AccessResult(c.kind != "Deployment") for c in access_checks(request)}
     response = validation_response(request, access)
     assert not response.allowed
@@ -354,21 +369,21 @@ def test_denied_kind_rejects_with_a_message_naming_it() -> None:
 
 
 def test_every_component_of_a_denied_kind_is_named() -> None:
-    request = request_for(appwrapper(deployment(), deployment()))
+    request = validating(appwrapper(deployment(), deployment()))
     response = validation_response(request, {c: AccessResult(False) for c in access_checks(request)})
     assert "spec.components[0].template" in response.message
     assert "spec.components[1].template" in response.message
 
 
 def test_permitted_kinds_are_admitted() -> None:
-    request = request_for(appwrapper(job(), deployment()))
+    request = validating(appwrapper(job(), deployment()))
     response = validation_response(request, allow_all(request))
     assert response.allowed
     assert response.to_json("u") == {"uid": "u", "allowed": True}
 
 
 def test_a_failed_or_missing_access_check_never_counts_as_permission() -> None:
-    request = request_for(appwrapper(deployment()))
+    request = validating(appwrapper(deployment()))
     (check,) = access_checks(request)
     failed = validation_response(request, {check: AccessResult(False, error="503 ServiceUnavailable: down")})
     assert not failed.allowed
@@ -381,7 +396,7 @@ def test_a_failed_or_missing_access_check_never_counts_as_permission() -> None:
 
 
 async def test_validate_asks_the_authorizer_and_treats_its_exceptions_as_failures() -> None:
-    request = request_for(appwrapper(job(), deployment()))
+    request = validating(appwrapper(job(), deployment()))
     asked: list[AccessCheck] = []
 
     async def authorize(check: AccessCheck) -> AccessResult:
@@ -403,7 +418,7 @@ async def test_validate_asks_the_authorizer_and_treats_its_exceptions_as_failure
 
 
 def validate_allowed_access(obj: dict[str, Any]) -> Any:
-    request = request_for(obj)
+    request = validating(obj)
     return validation_response(request, allow_all(request))
 
 
@@ -453,7 +468,7 @@ def test_matching_declared_pod_sets_are_admitted() -> None:
 
 
 def test_rights_and_pod_set_problems_are_reported_together() -> None:
-    request = request_for(appwrapper(deployment(), podSets=[{"path": "template.spec.x"}]))
+    request = validating(appwrapper(deployment(), podSets=[{"path": "template.spec.x"}]))
     response = validation_response(request, {c: AccessResult(False) for c in access_checks(request)})
     assert "not authorized to create Deployment" in response.message
     assert "missing field 'x'" in response.message
@@ -475,6 +490,297 @@ def test_components_that_are_not_a_list_are_refused() -> None:
     response = validate_allowed_access(obj)
     assert not response.allowed
     assert "spec.components must be a list" in response.message
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: creator labels, reserved labels, template limits
+
+
+def test_creator_labels_must_name_the_requesting_user() -> None:
+    # A mutating webhook that did not run (or was bypassed) leaves labels that do not name the
+    # creator: validation refuses them, so a failed mutation cannot let a forged creator in.
+    for labels in (None, {USER_LABEL: "someone-else", USER_ID_LABEL: ALICE["uid"]}):
+        request = request_for(appwrapper(job(), labels=labels))
+        response = validation_response(request, allow_all(request))
+        assert not response.allowed
+        assert response.code == 403
+        assert (
+            "metadata.labels[workload.codeflare.dev/user]: Forbidden: must be "
+            "'system_serviceaccount_team-a_alice', set from the requesting user by the mutating webhook "
+            "respawn-appwrapper"
+        ) in response.message
+    assert (
+        "(found none; is that webhook registered?)"
+        in validation_response(request_for(appwrapper(job())), {}).message
+    )
+    request = validating(appwrapper(job()))
+    assert validation_response(request, allow_all(request)).allowed
+
+
+def test_creator_label_of_a_user_without_uid_is_empty() -> None:
+    admin = {"username": "kubernetes-admin", "groups": ["system:masters"]}
+    request = validating(appwrapper(job()), user=admin)
+    assert request.object is not None and _labels_of(request.object)[USER_ID_LABEL] == ""
+    assert validation_response(request, allow_all(request)).allowed
+
+
+def _labels_of(obj: Any) -> dict[str, str]:
+    labels: dict[str, str] = obj["metadata"]["labels"]
+    return labels
+
+
+def with_pod_labels(template: dict[str, Any], **labels: str) -> dict[str, Any]:
+    template = copy.deepcopy(template)
+    template["spec"]["template"].setdefault("metadata", {})["labels"] = labels
+    return template
+
+
+def test_templates_may_not_count_their_pods_as_another_appwrappers() -> None:
+    # A pod template of a kind Respawn does not know would otherwise make pods that the watcher
+    # attributes to "victim": their failures would reset it.
+    unknown = {
+        "apiVersion": "example.com/v1",
+        "kind": "Trainer",
+        "metadata": {"name": "t"},
+        "spec": {
+            "template": pod_template(),  # the declared pod set
+            "workers": [{"template": {"metadata": {"labels": {APPWRAPPER_LABEL: "victim"}}}}],
+        },
+    }
+    obj = appwrapper(job())
+    obj["spec"]["components"].append({"template": unknown, "podSets": [{"path": "template.spec.template"}]})
+    response = validate_allowed_access(obj)
+    assert not response.allowed
+    assert response.code == 403
+    assert response.message == (
+        "spec.components[1].template.spec.workers[0].template.metadata"
+        ".labels[workload.codeflare.dev/appwrapper]: Forbidden: Respawn sets this label to the "
+        "AppWrapper's name (aw) to count pods as its own; a template may not set it to 'victim'"
+    )
+    top = job()
+    top["metadata"]["labels"] = {APPWRAPPER_LABEL: "victim"}
+    assert "spec.components[0].template.metadata.labels[workload.codeflare.dev/appwrapper]" in (
+        validate_allowed_access(appwrapper(top)).message
+    )
+    # Its own name is what lifecycle writes anyway.
+    assert validate_allowed_access(appwrapper(with_pod_labels(job(), **{APPWRAPPER_LABEL: "aw"}))).allowed
+
+
+def test_respawn_prefix_is_reserved_in_template_labels_and_annotations() -> None:
+    template = with_pod_labels(job(), **{"respawn.dev/excluded-nodes": "n1"})
+    template["metadata"]["annotations"] = {"respawn.dev/anything": "x", "sim.respawn.dev/fail-after": "1s"}
+    response = validate_allowed_access(appwrapper(template))
+    assert not response.allowed
+    assert (
+        "spec.components[0].template.spec.template.metadata.labels[respawn.dev/excluded-nodes]: "
+        "Forbidden: the prefix respawn.dev/ is reserved for Respawn"
+    ) in response.message
+    assert "metadata.annotations[respawn.dev/anything]" in response.message
+    assert "sim.respawn.dev" not in response.message  # another domain
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """A Job whose pod template carries an extra field nesting ``depth`` levels in all."""
+    template = job()
+    # The template is level 1, its spec 2, the pod template 3 and the pod spec 4; "x" adds one
+    # level per object.
+    extra: Any = "leaf"
+    for _ in range(depth - 4):
+        extra = {"x": extra}
+    template["spec"]["template"]["spec"]["x"] = extra
+    return template
+
+
+@pytest.mark.parametrize("depth", [64, 65, 300])
+def test_templates_nested_past_the_limit_are_refused_naming_component_and_limit(depth: int) -> None:
+    response = validate_allowed_access(appwrapper(job(), nested(depth)))
+    if depth <= TemplateLimits().max_depth:
+        assert response.allowed, response.message
+        return
+    assert not response.allowed
+    assert response.code == 422
+    # The path to the first level past the limit, shortened in the middle.
+    assert response.message == (
+        "spec.components[1].template: Invalid: nested more than 64 levels deep "
+        "(at spec.components[1].template.spec.template.spec.x.x.x.<52 more>.x.x.x.x.x.x); "
+        "the limit is admission.maxTemplateDepth=64"
+    )
+    # Nothing else is reported (or worked out) for such an AppWrapper.
+    assert response.message.count("spec.components") == 2
+
+
+async def test_oversized_appwrappers_are_refused_before_any_access_check() -> None:
+    asked: list[AccessCheck] = []
+
+    async def authorize(check: AccessCheck) -> AccessResult:
+        asked.append(check)
+        return AccessResult(True)
+
+    big = job()
+    big["spec"]["template"]["metadata"] = {"annotations": {"blob": "x" * 300_000}}
+    request = validating(appwrapper(job(), big, deployment()))
+    response = await validate(request, authorize, TemplateLimits(max_bytes=256 * 1024))
+    assert not response.allowed
+    assert response.code == 422
+    assert re.fullmatch(
+        r"spec\.components: Invalid: the component templates take \d+ bytes as JSON \(the largest, "
+        r"spec\.components\[1\]\.template, \d+\); the limit is admission\.maxTemplateBytes=262144",
+        response.message,
+    ), response.message
+    assert asked == []
+    assert (await validate(request, authorize)).allowed  # under the default 512 KiB
+    assert asked
+
+
+def test_template_limits_default_to_the_configuration_defaults() -> None:
+    config = load_config(env={})
+    assert TemplateLimits() == TemplateLimits(
+        config.admission.max_template_depth, config.admission.max_template_bytes
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile input: every answer is a decision, never an exception
+
+
+def test_decode_body_refuses_what_it_cannot_read_with_a_reason() -> None:
+    with pytest.raises(ReviewError, match="nested too deeply to be read"):
+        decode_body(b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(ReviewError, match="not JSON"):
+        decode_body(b"\xff\xfe{")
+    with pytest.raises(ReviewError, match="not JSON"):
+        decode_body(b'{"a": ')
+    assert decode_body(b'{"a": [1]}') == {"a": [1]}
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=40,
+)
+# Keys that send a value down the webhook's code paths.
+review_keys = st.sampled_from(
+    [
+        "apiVersion",
+        "kind",
+        "request",
+        "uid",
+        "operation",
+        "object",
+        "oldObject",
+        "userInfo",
+        "metadata",
+        "labels",
+        "spec",
+        "components",
+        "template",
+        "podSets",
+        "path",
+        "namespace",
+        "name",
+        "username",
+        "x",
+    ]
+)
+
+
+def deep(depth: int, leaf: Any, kinds: list[bool]) -> Any:
+    value = leaf
+    for i in range(depth):
+        value = {"metadata": value} if kinds[i % len(kinds)] else [value]
+    return value
+
+
+def answer_is_a_decision(answer: Any) -> None:
+    assert isinstance(answer["allowed"], bool)
+    if not answer["allowed"]:
+        assert isinstance(answer["status"]["message"], str) and answer["status"]["message"]
+        assert not answer["status"]["message"].startswith("admission check failed"), answer
+
+
+@given(
+    obj=json_values,
+    template=json_values,
+    operation=st.sampled_from(["CREATE", "UPDATE", "DELETE", "CONNECT", 7]),
+    depth=st.integers(0, 1500),
+    kinds=st.lists(st.booleans(), min_size=1, max_size=4),
+)
+def test_validation_never_raises_on_any_object(
+    obj: Any, template: Any, operation: Any, depth: int, kinds: list[bool]
+) -> None:
+    valid = mutated(appwrapper(job()))
+    valid["spec"]["components"].append({"template": deep(depth, template, kinds)})
+    for candidate in (obj, valid):
+        body = review(None)
+        body["request"]["object"] = candidate
+        body["request"]["oldObject"] = candidate
+        body["request"]["operation"] = operation
+        try:
+            request = parse_review(body)
+        except ReviewError:
+            continue
+        response = validation_response(request, allow_all(request))
+        answer_is_a_decision(response.to_json("u"))
+        if operation == "CREATE" and candidate is valid and depth + 2 > TemplateLimits().max_depth:
+            assert "admission.maxTemplateDepth=64" in response.message
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    body=st.one_of(
+        json_values,
+        st.dictionaries(review_keys, json_values, max_size=6),
+        st.builds(lambda v: review(v), json_values),
+    ),
+    depth=st.integers(0, 3000),
+    kinds=st.lists(st.booleans(), min_size=1, max_size=3),
+)
+async def test_http_answers_every_body_with_a_decision(body: Any, depth: int, kinds: list[bool]) -> None:
+    valid = mutated(appwrapper(job()))
+    # Decodable (the server's decoder stops near 1,000 levels), so the webhook judges it.
+    valid["spec"]["components"].append({"template": deep(min(depth, 900), {"x": body}, kinds)})
+    async with client() as c:
+        for payload in (body, deep(depth, body, kinds), review(valid)):
+            try:
+                data = json.dumps(payload).encode()
+            except RecursionError:  # the test's own encoder; build the text by hand instead
+                data = b"[" * depth + json.dumps(body).encode() + b"]" * depth
+            for path in ("/validate-appwrapper", "/mutate-appwrapper"):
+                resp = await c.post(path, data=data)
+                assert resp.status == 200
+                answer = (await resp.json())["response"]
+                answer_is_a_decision(answer)
+                if path == "/mutate-appwrapper" and not isinstance(payload, dict):
+                    assert answer == {"uid": "", "allowed": True}
+                if path == "/validate-appwrapper" and payload is not body and min(depth, 900) > 64:
+                    assert answer["allowed"] is False
+                    if isinstance(payload, dict) and payload.get("kind") == "AdmissionReview":
+                        assert "admission.maxTemplateDepth=64" in answer["status"]["message"]
+
+
+async def test_http_refuses_bodies_too_deep_or_too_large_to_read() -> None:
+    async with client() as c:
+        deep_body = b"[" * 50_000 + b"]" * 50_000
+        answer = (await (await c.post("/validate-appwrapper", data=deep_body)).json())["response"]
+        assert answer["allowed"] is False
+        assert answer["status"]["message"] == (
+            "malformed admission review: the body is nested too deeply to be read "
+            "(JSON nested more than about 1000 levels)"
+        )
+        assert (await (await c.post("/mutate-appwrapper", data=deep_body)).json())["response"]["allowed"]
+        huge = b'{"apiVersion": "' + b"x" * (9 * 1024 * 1024) + b'"}'
+        resp = await c.post("/validate-appwrapper", data=huge)
+        assert resp.status == 200
+        answer = (await resp.json())["response"]
+        assert answer["allowed"] is False
+        assert answer["status"]["message"] == (
+            f"malformed admission review: the body is larger than {8 * 1024 * 1024} bytes"
+        )
+        # The server is still there for the next request.
+        ok = await c.post("/validate-appwrapper", json=review(mutated(appwrapper(job()))))
+        assert (await ok.json())["response"]["allowed"] is True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -547,7 +853,7 @@ async def client(authorize: Any = None, default_queue_name: str = "q") -> Any:
 
 async def test_http_validate_and_mutate_answer_reviews() -> None:
     async with client() as c:
-        resp = await c.post("/validate-appwrapper", json=review(appwrapper(deployment())))
+        resp = await c.post("/validate-appwrapper", json=review(mutated(appwrapper(deployment()))))
         assert resp.status == 200
         assert (await resp.json())["response"] == {
             "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",

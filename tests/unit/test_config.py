@@ -94,6 +94,30 @@ def test_bad_lifecycle_settings_are_rejected(variable: str, value: str, message:
         load_config(env={variable: value})
 
 
+def test_admission_limits_default_and_come_from_file_or_environment(tmp_path: Path) -> None:
+    config = load_config(env={})
+    assert (config.admission.max_template_depth, config.admission.max_template_bytes) == (64, 524288)
+    path = write(tmp_path, "admission:\n  maxTemplateDepth: 100\n  maxTemplateBytes: 1048576\n")
+    config = load_config(path, env={"RESPAWN_ADMISSION_MAX_TEMPLATE_DEPTH": "32"})
+    assert (config.admission.max_template_depth, config.admission.max_template_bytes) == (32, 1048576)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        # Past a few hundred levels the webhook's own checks would meet the decoders' limits.
+        ("RESPAWN_ADMISSION_MAX_TEMPLATE_DEPTH", "513", "admission.maxTemplateDepth"),
+        ("RESPAWN_ADMISSION_MAX_TEMPLATE_DEPTH", "2", "admission.maxTemplateDepth"),
+        ("RESPAWN_ADMISSION_MAX_TEMPLATE_BYTES", "512Ki", "admission.maxTemplateBytes"),
+        ("RESPAWN_ADMISSION_MAX_TEMPLATE_BYTES", str(9 * 1024 * 1024), "admission.maxTemplateBytes"),
+        ("RESPAWN_ADMISSION_MAX_TEMPLATE_SIZE", "1", "unknown environment variable"),
+    ],
+)
+def test_bad_admission_limits_are_rejected(variable: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(env={variable: value})
+
+
 def test_yaml_file_uses_upstream_key_names(tmp_path: Path) -> None:
     path = write(
         tmp_path,
@@ -214,7 +238,9 @@ def test_every_leaf_key_has_an_environment_variable() -> None:
     assert names["RESPAWN_NATS_URL"] == "nats.url"
     assert names["RESPAWN_LIFECYCLE_VERDICT_CONCURRENCY"] == "lifecycle.verdictConcurrency"
     assert names["RESPAWN_FAULT_TOLERANCE_RECREATE_DELAY"] == "faultTolerance.recreateDelay"
-    assert len(names) == 24
+    assert names["RESPAWN_ADMISSION_MAX_TEMPLATE_DEPTH"] == "admission.maxTemplateDepth"
+    assert names["RESPAWN_ADMISSION_MAX_TEMPLATE_BYTES"] == "admission.maxTemplateBytes"
+    assert len(names) == 26
     assert len(set(names.values())) == len(names)
 
 

@@ -1,12 +1,15 @@
 """The NATS users and permissions generator (respawn/natsauth.py) and the files built from it.
 
-What the permissions allow on a real server is proven in tests/integration/test_deploy.py; these
-tests pin the rules themselves: who may publish which message subjects, that nobody may
-subscribe to a stream's subjects, and that the committed files match the generator.
+What the permissions allow on a real server is proven in tests/integration/test_nats_permissions.py;
+these tests pin the rules themselves: who may publish which message subjects, that each stream has
+one owner, that lifecycle's durables are its alone, that every consumer in the services' code is
+permitted, that nobody may subscribe to a stream's subjects, and that the committed files match the
+generator.
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import json
 from collections.abc import Callable
@@ -100,15 +103,33 @@ def test_only_consumers_may_dead_letter_and_only_under_their_bus_name() -> None:
 
 
 @pytest.mark.parametrize("stream", [s.name for s in default_streams()])
-def test_subscriber_cannot_manage_streams(stream: str) -> None:
+def test_subscriber_reaches_only_its_mirrors_of_the_public_streams(stream: str) -> None:
+    # Everything the reader is allowed happens in its own account, on the copies of the public
+    # streams kept there; the internal streams have no copy, so nothing names them.
     perms = natsauth.subscriber_permissions()
-    for op in ("CREATE", "UPDATE", "DELETE", "PURGE", "MSG.DELETE"):
-        assert not perms.may_publish(f"$JS.API.STREAM.{op}.{stream}"), op
     public = stream in natsauth.PUBLIC_STREAMS
-    assert perms.may_publish(f"$JS.API.STREAM.INFO.{stream}") is public
+    for op in ("INFO", "CREATE", "UPDATE", "DELETE", "MSG.GET"):
+        assert perms.may_publish(f"$JS.API.STREAM.{op}.{stream}") is public, op
+    for op in ("PURGE", "MSG.DELETE"):
+        assert not perms.may_publish(f"$JS.API.STREAM.{op}.{stream}"), op
+    assert perms.may_publish(f"$JS.API.CONSUMER.CREATE.{stream}") is public
     assert perms.may_publish(f"$JS.API.CONSUMER.CREATE.{stream}.mine.respawn.>") is public
     assert perms.may_publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.mine") is public
     assert perms.may_publish(f"$JS.ACK.{stream}.mine.1.2.3.4.0") is public
+
+
+def test_readers_live_in_accounts_of_their_own() -> None:
+    users = natsauth.default_users(("subscriber", "team-dash"))
+    accounts = {u.name: u.account for u in users}
+    assert accounts == {
+        **{service: natsauth.ACCOUNT for service in natsauth.SERVICES},
+        "subscriber": "READER_SUBSCRIBER",
+        "team-dash": "READER_TEAM_DASH",
+    }
+    # A reader cannot even ask for the prefix under which its account sees Respawn's API.
+    perms = natsauth.subscriber_permissions()
+    assert not perms.may_publish(f"{natsauth.MIRROR_API_PREFIX}.CONSUMER.CREATE.{subjects.VERDICTS_STREAM}")
+    assert not perms.may_publish(f"{natsauth.mirror_deliver_prefix('subscriber')}.M.abc")
 
 
 @pytest.mark.parametrize("service", natsauth.SERVICES)
@@ -117,8 +138,32 @@ def test_services_cannot_delete_or_purge_streams(service: str) -> None:
     for stream in (s.name for s in default_streams()):
         for op in ("DELETE", "PURGE", "MSG.DELETE"):
             assert not perms.may_publish(f"$JS.API.STREAM.{op}.{stream}")
-        # Every service sets the streams up at start (Bus.ensure_streams).
+        # Every service sets the streams up at start (Bus.ensure_streams), in any order.
+        assert perms.may_publish(f"$JS.API.STREAM.INFO.{stream}")
         assert perms.may_publish(f"$JS.API.STREAM.CREATE.{stream}")
+
+
+def test_each_stream_has_one_owner_and_only_it_may_update_the_stream() -> None:
+    streams = [s.name for s in default_streams()]
+    assert sorted(natsauth.STREAM_OWNERS) == sorted(streams)
+    users = natsauth.default_users(("subscriber",))
+    for stream in streams:
+        updaters = {
+            u.name
+            for u in users
+            if u.account == natsauth.ACCOUNT and u.permissions.may_publish(f"$JS.API.STREAM.UPDATE.{stream}")
+        }
+        assert updaters == {natsauth.STREAM_OWNERS[stream]}, stream
+    # The owner is a producer into the stream.
+    for stream, owner in natsauth.STREAM_OWNERS.items():
+        spec = next(s for s in default_streams() if s.name == stream)
+        perms = natsauth.service_permissions(owner)
+        produced = (
+            subjects.dead_letter(f"respawn-{owner}")
+            if stream == subjects.DEAD_LETTER_STREAM
+            else spec.subjects[0].replace(">", "x.y")
+        )
+        assert perms.may_publish(produced), (stream, owner)
 
 
 def test_services_read_only_the_streams_they_consume() -> None:
@@ -131,9 +176,118 @@ def test_services_read_only_the_streams_they_consume() -> None:
     for service, expected in reads.items():
         perms = natsauth.service_permissions(service)
         readable = {
-            s.name for s in default_streams() if perms.may_publish(f"$JS.API.CONSUMER.CREATE.{s.name}.x.y")
+            s.name
+            for s in default_streams()
+            if perms.may_publish(f"$JS.API.CONSUMER.CREATE.{s.name}")
+            or any(perms.may_publish(p) for p in _any_create(service, s.name))
         }
         assert readable == expected, service
+
+
+def _any_create(service: str, stream: str) -> list[str]:
+    """Named creates ``service`` could send on ``stream``: its own durables or a fresh name, with
+    every filter any service uses."""
+    filters = (
+        subjects.appwrapper_obs_filter(),
+        subjects.node_obs_filter(),
+        subjects.verdict_filter(),
+        subjects.node_verdict_filter(),
+        subjects.lifecycle_filter(),
+    )
+    names = (f"{service}-replica-1a2b3c4d", *natsauth.LIFECYCLE_DURABLES.values())
+    return [f"$JS.API.CONSUMER.CREATE.{stream}.{n}.{f}" for n in names for f in filters]
+
+
+def test_consumer_creation_is_pinned_to_each_services_names_and_filters() -> None:
+    create = "$JS.API.CONSUMER.CREATE"
+    obs, nodes = subjects.OBSERVATIONS_STREAM, subjects.NODE_VERDICTS_STREAM
+    aw, node = subjects.appwrapper_obs_filter(), subjects.node_obs_filter()
+    health, lifecycle, autopilot = (
+        natsauth.service_permissions(s) for s in ("health", "lifecycle", "autopilot")
+    )
+    assert health.may_publish(f"{create}.{obs}.health-pod-1-0a1b2c3d.{aw}")
+    assert not health.may_publish(f"{create}.{obs}.health-pod-1-0a1b2c3d.{node}")
+    assert health.may_publish(
+        f"{create}.{nodes}.health-pod-1-0a1b2c3d-nodes.{subjects.node_verdict_filter()}"
+    )
+    assert autopilot.may_publish(f"{create}.{obs}.autopilot-pod-1-0a1b2c3d.{node}")
+    assert not autopilot.may_publish(f"{create}.{obs}.autopilot-pod-1-0a1b2c3d.{aw}")
+    assert lifecycle.may_publish(f"{create}.{obs}.lifecycle-observations.{aw}")
+    assert not lifecycle.may_publish(f"{create}.{obs}.lifecycle-x.{aw}")
+    assert lifecycle.may_publish(
+        f"{create}.{subjects.VERDICTS_STREAM}.lifecycle-verdicts.{subjects.verdict_filter()}"
+    )
+    # The legacy forms (which carry the consumer's name in the body) are needed by nobody in
+    # Respawn's account: every consumer is created with its name and filter in the subject.
+    for user in natsauth.default_users():
+        if user.account != natsauth.ACCOUNT:
+            continue
+        for stream in (s.name for s in default_streams()):
+            assert not user.permissions.may_publish(f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.x"), user.name
+            assert not user.permissions.may_publish(f"{create}.{stream}"), (user.name, stream)
+
+
+def test_lifecycles_durables_are_denied_to_every_other_user() -> None:
+    users = natsauth.default_users(("subscriber",))
+    for stream, durable in natsauth.LIFECYCLE_DURABLES.items():
+        requests = [
+            f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.respawn.>",
+            f"$JS.API.CONSUMER.CREATE.{stream}.{durable}",
+            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
+            f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
+            f"$JS.API.CONSUMER.DELETE.{stream}.{durable}",
+            f"$JS.ACK.{stream}.{durable}.1.2.3.4.0",
+        ]
+        for user in users:
+            if user.account != natsauth.ACCOUNT:
+                continue  # an outside reader's requests are answered by its own account
+            for request in requests:
+                allowed = user.permissions.may_publish(request)
+                # lifecycle may do all but delete and the other create forms with its durables.
+                if user.name != "lifecycle":
+                    assert not allowed, (user.name, request)
+        lifecycle = natsauth.service_permissions("lifecycle")
+        assert lifecycle.may_publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}")
+        assert lifecycle.may_publish(f"$JS.ACK.{stream}.{durable}.1.2.3.4.0")
+        assert not lifecycle.may_publish(f"$JS.API.CONSUMER.DELETE.{stream}.{durable}")
+
+
+def _consume_calls(path: Path) -> list[tuple[str, ast.expr, ast.expr]]:
+    """(stream, durable expression, filter expression) of every ``.consume(`` and ``.replay(``
+    call in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("consume", "replay")
+        ):
+            stream, durable, filter_ = node.args[:3]
+            assert isinstance(stream, ast.Attribute), ast.unparse(stream)
+            found.append((getattr(subjects, stream.attr), durable, filter_))
+    return found
+
+
+@pytest.mark.parametrize("service", natsauth.SERVICES)
+def test_every_consumer_in_the_services_code_is_permitted_by_name_and_filter(service: str) -> None:
+    # The durable names and filters are read from the services' code, so a new or renamed
+    # consumer fails here instead of as a permission violation in production.
+    perms = natsauth.service_permissions(service)
+    calls = _consume_calls(REPO / "services" / service / "service.py")
+    for stream, durable, filter_ in calls:
+        assert isinstance(filter_, ast.Call), ast.unparse(filter_)
+        subject_filter = eval(ast.unparse(filter_), {"subjects": subjects})  # a subjects.*_filter() call
+        if isinstance(durable, ast.Constant):
+            name = durable.value
+            assert natsauth.LIFECYCLE_DURABLES.get(stream) == name and service == "lifecycle", name
+        else:  # a per-run name from replay_consumer_name
+            name = f"{service}-pod-7-0a1b2c3d"
+        assert perms.may_publish(f"$JS.API.CONSUMER.CREATE.{stream}.{name}.{subject_filter}"), (stream, name)
+        assert perms.may_publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{name}")
+        assert perms.may_publish(f"$JS.ACK.{stream}.{name}.1.2.3.4.0")
+    # Every service but the watcher consumes something; an empty list means the scan broke.
+    assert bool(calls) is (service != "watcher")
 
 
 @given(a=names, b=names)
@@ -145,12 +299,52 @@ def test_nobody_may_subscribe_to_a_stream_subject(a: str, b: str) -> None:
             assert not user.permissions.may_subscribe(subject), (user.name, subject)
 
 
-def test_subscribers_have_private_inboxes() -> None:
+def test_subscribers_receive_only_on_inboxes_of_their_own_account() -> None:
     perms = natsauth.subscriber_permissions("dashboard")
-    assert perms.subscribe == ("_INBOX_dashboard.>",)
-    assert not perms.may_subscribe("_INBOX.abc.def")
+    # The reader's account has only its own replies under _INBOX; the private prefix still works
+    # for clients configured with it.
+    assert perms.subscribe == ("_INBOX.>", "_INBOX_dashboard.>")
     assert not perms.may_subscribe("_INBOX_subscriber.abc")
     assert natsauth.inbox_prefix("dashboard") == "_INBOX_dashboard"
+
+
+def test_auth_config_exports_to_readers_only_what_their_mirrors_need() -> None:
+    text = natsauth.render_auth_config(natsauth.default_users(("subscriber", "team-dash")))
+    exports = [
+        line.strip() for line in text.splitlines() if line.strip().startswith(("{service:", "{stream:"))
+    ]
+    readers = '["READER_SUBSCRIBER", "READER_TEAM_DASH"]'
+    assert exports[: 2 * len(natsauth.PUBLIC_STREAMS) + 2] == [
+        f'{{service: "$JS.API.CONSUMER.CREATE.{subjects.VERDICTS_STREAM}", accounts: {readers}}}',
+        f'{{service: "$JS.FC.{subjects.VERDICTS_STREAM}.>", accounts: {readers}}}',
+        f'{{service: "$JS.API.CONSUMER.CREATE.{subjects.LIFECYCLE_STREAM}", accounts: {readers}}}',
+        f'{{service: "$JS.FC.{subjects.LIFECYCLE_STREAM}.>", accounts: {readers}}}',
+        '{stream: "respawn.mirror.subscriber.>", accounts: ["READER_SUBSCRIBER"]}',
+        '{stream: "respawn.mirror.team-dash.>", accounts: ["READER_TEAM_DASH"]}',
+    ]
+    # Each reader imports the create request under another prefix (its own $JS.API stays its
+    # own), the flow-control replies, and only its own delivery subject.
+    dash = text[text.index("READER_TEAM_DASH {") :]
+    imports = [
+        line.strip() for line in dash.splitlines() if line.strip().startswith(("{service:", "{stream:"))
+    ]
+    assert f'to: "{natsauth.MIRROR_API_PREFIX}.CONSUMER.CREATE.{subjects.VERDICTS_STREAM}"' in imports[0]
+    assert imports[-1] == '{stream: {account: "RESPAWN", subject: "respawn.mirror.team-dash.>"}}'
+    assert "max_streams: 2" in dash
+
+
+def test_a_readers_mirror_copies_the_streams_name_and_limits() -> None:
+    for spec in (s for s in default_streams() if s.name in natsauth.PUBLIC_STREAMS):
+        config = natsauth.mirror_stream_config(spec, "team-dash", replicas=3)
+        assert config.name == config.mirror.name == spec.name
+        assert config.mirror.external.api == natsauth.MIRROR_API_PREFIX
+        assert config.mirror.external.deliver == "respawn.mirror.team-dash"
+        assert config.subjects is None  # a mirror takes no subjects: nothing can be published into it
+        assert (config.max_msgs_per_subject, config.max_age, config.num_replicas) == (
+            spec.max_msgs_per_subject,
+            spec.max_age,
+            3,
+        )
 
 
 def test_only_public_streams_can_be_opened_to_subscribers() -> None:
@@ -217,7 +411,11 @@ def test_auth_config_lists_every_permission_once_per_user() -> None:
     blocks = text.split("user: ")[1:]
     assert [json.loads(b.split("\n", 1)[0]) for b in blocks] == [u.name for u in users]
     for user, block in zip(users, blocks, strict=True):
-        for subject in (*user.permissions.publish, *user.permissions.subscribe):
+        for subject in (
+            *user.permissions.publish,
+            *user.permissions.publish_deny,
+            *user.permissions.subscribe,
+        ):
             assert block.count(f"{json.dumps(subject)}\n") >= 1, (user.name, subject)
 
 
@@ -258,6 +456,17 @@ def test_command_line_prints_config_and_fresh_secrets(capsys: pytest.CaptureFixt
 
     assert natsauth.main(["config", "--subscriber", "health"]) == 2
     assert "taken by a service" in capsys.readouterr().err
+
+
+def test_mirrors_command_wants_the_readers_credentials_from_the_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NATS_PASSWORD", raising=False)
+    assert natsauth.main(["mirrors", "--url", "nats://127.0.0.1:1"]) == 2
+    assert "set NATS_PASSWORD" in capsys.readouterr().err
+    monkeypatch.setenv("NATS_PASSWORD", "x" * 30)
+    assert natsauth.main(["mirrors", "--url", "nats://127.0.0.1:1"]) == 1
+    assert "cannot connect to NATS at nats://127.0.0.1:1 as subscriber" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ the manifests agree
