@@ -31,6 +31,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from shared import metrics, subjects
 from shared.bus.backoff import backoff, error_delay
+from shared.bus.connection import redact
 from shared.bus.deadletter import (
     DL_INVALID,
     DL_MAX_DELIVERIES,
@@ -384,7 +385,7 @@ class Consumer(Generic[M]):
 
         def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
-            self._problem = f"{type(exc).__name__}: {exc}"
+            self._problem = redact(f"{type(exc).__name__}: {exc}")
             log.warning(
                 "consumer %s/%s: %s: %s; retrying in %.1fs",
                 self.stream,
