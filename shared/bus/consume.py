@@ -4,10 +4,13 @@
 A message is acked only after its handler returned, nak'ed (with a delay) when the handler
 asks to be retried or fails, and what can never be processed is moved to
 ``respawn.deadletter.<service>`` instead of crashing or looping (docs/messages.md, "Delivery
-and acknowledgement", "Dead letters"). The loop re-binds after every reconnect, because a pull
-subscription does not reliably resume on its own after a server restart (nats-io/nats.py#504),
-and re-creates its consumer when binding or fetching fails, so a consumer deleted under it (or
-lost with the server's store) comes back.
+and acknowledgement", "Dead letters"): a poison message is given up on after ``max_deliver``
+deliveries or ``max_errors`` handler errors, and never holds up the messages behind it. The
+loop re-binds after every reconnect, because a pull subscription does not reliably resume on
+its own after a server restart (nats-io/nats.py#504), and re-creates its consumer when binding
+or fetching fails, so a consumer deleted under it comes back; if its stream is gone too (the
+server lost its store), the bus creates the stream again from its spec first. Until it is bound
+again, :attr:`Consumer.problem` says why (for readiness).
 """
 
 from __future__ import annotations
