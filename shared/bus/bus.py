@@ -178,7 +178,8 @@ class Bus:
 
     def problems(self) -> list[str]:
         """Why the bus is not :meth:`ready`, one line each (empty when it is): for readiness
-        output and logs, e.g. ``consumer RESPAWN_VERDICTS/lifecycle-verdicts: StreamMissing: ...``."""
+        output and logs, e.g. ``consumer RESPAWN_VERDICTS/lifecycle-verdicts: BusError: cannot create
+        stream RESPAWN_VERDICTS: ...``."""
         found = (
             [] if self.connected else [f"not connected to NATS ({self._state.last_error or 'reconnecting'})"]
         )
