@@ -146,12 +146,17 @@ class ConnectionState:
     service: str
     reconnects: int = 0
     last_error: str = ""
+    # The last error that says what is wrong (credentials, TLS), which a plain connection reset
+    # that the server sends after it may hide from last_error.
+    telling_error: str = ""
     closing: bool = False
     _disconnected_at: float | None = None
     _denied: OrderedDict[str, float] = field(default_factory=OrderedDict)
 
     async def on_error(self, exc: Exception) -> None:
         text = redact(f"{type(exc).__name__}: {exc}".strip())
+        if isinstance(exc, ssl.SSLError | nats.errors.AuthorizationError) or "authorization" in text.lower():
+            self.telling_error = text
         denied = _PERMISSION_VIOLATION.search(str(exc))
         if denied:
             self._denied[denied.group(1)] = time.monotonic()
@@ -292,7 +297,7 @@ async def open_connection(
         async with asyncio.timeout(connect_deadline):
             nc = await nats.connect(**options)
     except TimeoutError:
-        last = state.last_error or "none"
+        last = state.telling_error or state.last_error or "none"
         raise BusError(
             f"could not connect to NATS at {where} within {connect_deadline:.0f}s "
             f"(last error: {last}){_hint(last)}"

@@ -637,3 +637,14 @@ def test_connect_options_carry_tls_and_refuse_two_kinds_of_credentials(tmp_path:
         connect_options(["nats://h"], creds="a", nkey_seed_file="b", tls=None, **common)
     with pytest.raises(BusError, match=r"cannot read the NATS nkey seed file .*nope"):
         connect_options(["nats://h"], creds=None, nkey_seed_file=tmp_path / "nope", tls=None, **common)
+
+
+async def test_the_error_that_says_what_is_wrong_outlives_the_reset_after_it() -> None:
+    state = ConnectionState(service="s")
+    await state.on_error(nats.errors.Error("nats: 'Authorization Violation'"))
+    await state.on_error(ConnectionResetError(104, "Connection reset by peer"))
+    assert "ConnectionResetError" in state.last_error
+    assert "Authorization Violation" in state.telling_error
+    await state.on_error(ssl.SSLCertVerificationError("certificate verify failed"))
+    await state.on_error(OSError("connection refused"))
+    assert "certificate verify failed" in state.telling_error
