@@ -20,12 +20,13 @@ import re
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
+    ByteSize,
     ConfigDict,
     Field,
     PlainSerializer,
@@ -37,6 +38,9 @@ from pydantic.alias_generators import to_camel
 
 from shared.durations import format_go_duration, parse_go_duration
 from shared.faulttolerance import FaultTolerance
+
+if TYPE_CHECKING:
+    from shared.bus import StreamLimits, TlsFiles
 
 __all__ = [
     "CONFIG_ENV",
@@ -251,10 +255,161 @@ class AdmissionConfig(_Section):
     max_template_bytes: int = Field(default=512 * 1024, ge=1024, le=8 * 1024 * 1024)
 
 
+_MIB: Final = 1024 * 1024
+_GIB: Final = 1024 * _MIB
+
+# A stream limit: 0 is "no limit".
+Count = Annotated[int, Field(ge=0)]
+History = Annotated[int, Field(ge=1)]
+
+
+def _not_negative(value: timedelta) -> timedelta:
+    if value < timedelta(0):
+        raise ValueError("must not be negative")
+    return value
+
+
+class _StreamLimitsConfig(_Section):
+    """One stream's limits (the defaults are shared.bus.DEFAULT_LIMITS; a unit test ties them)."""
+
+    max_bytes: ByteSize
+    max_msgs: Count
+    max_age: Duration
+
+    @field_validator("max_age")
+    @classmethod
+    def _age(cls, value: timedelta) -> timedelta:
+        return _not_negative(value)
+
+    def to_limits(self) -> StreamLimits:
+        from shared.bus import StreamLimits
+
+        return StreamLimits(
+            max_bytes=int(self.max_bytes),
+            max_msgs=self.max_msgs,
+            max_age=self.max_age.total_seconds(),
+            max_msgs_per_subject=getattr(self, "max_msgs_per_subject", None),
+        )
+
+
+class ObservationsLimitsConfig(_StreamLimitsConfig):
+    # No maximum age by default: the stream is the state health and autopilot load at start.
+    max_bytes: ByteSize = ByteSize(2 * _GIB)
+    max_msgs: Count = 1_000_000
+    max_age: Duration = timedelta(0)
+
+
+class VerdictsLimitsConfig(_StreamLimitsConfig):
+    max_bytes: ByteSize = ByteSize(512 * _MIB)
+    max_msgs: Count = 1_000_000
+    max_age: Duration = timedelta(days=30)
+    max_msgs_per_subject: History = 64
+
+
+class NodeVerdictsLimitsConfig(_StreamLimitsConfig):
+    max_bytes: ByteSize = ByteSize(64 * _MIB)
+    max_msgs: Count = 10_000
+    max_age: Duration = timedelta(0)
+
+
+class LifecycleLimitsConfig(_StreamLimitsConfig):
+    max_bytes: ByteSize = ByteSize(512 * _MIB)
+    max_msgs: Count = 1_000_000
+    max_age: Duration = timedelta(days=30)
+    max_msgs_per_subject: History = 64
+
+
+class DeadLetterLimitsConfig(_StreamLimitsConfig):
+    max_bytes: ByteSize = ByteSize(512 * _MIB)
+    max_msgs: Count = 100_000
+    max_age: Duration = timedelta(days=14)
+
+
+class NatsStreamsConfig(_Section):
+    """The limits of each of Respawn's streams (docs/configuration.md, ``nats.streams``)."""
+
+    observations: ObservationsLimitsConfig = Field(default_factory=ObservationsLimitsConfig)
+    verdicts: VerdictsLimitsConfig = Field(default_factory=VerdictsLimitsConfig)
+    node_verdicts: NodeVerdictsLimitsConfig = Field(default_factory=NodeVerdictsLimitsConfig)
+    lifecycle: LifecycleLimitsConfig = Field(default_factory=LifecycleLimitsConfig)
+    dead_letter: DeadLetterLimitsConfig = Field(default_factory=DeadLetterLimitsConfig)
+
+    def by_stream(self) -> dict[str, StreamLimits]:
+        """The limits by stream name, for ``Bus.connect(stream_limits=...)``."""
+        from shared import subjects
+
+        return {
+            subjects.OBSERVATIONS_STREAM: self.observations.to_limits(),
+            subjects.VERDICTS_STREAM: self.verdicts.to_limits(),
+            subjects.NODE_VERDICTS_STREAM: self.node_verdicts.to_limits(),
+            subjects.LIFECYCLE_STREAM: self.lifecycle.to_limits(),
+            subjects.DEAD_LETTER_STREAM: self.dead_letter.to_limits(),
+        }
+
+
+OptionalPath = Annotated[Path | None, BeforeValidator(_empty_is_none)]
+
+
+class NatsTlsConfig(_Section):
+    """TLS to the NATS server; off while no key is set."""
+
+    ca_file: OptionalPath = None
+    cert_file: OptionalPath = None
+    key_file: OptionalPath = None
+    server_name: str = ""
+    handshake_first: bool = False
+
+    @model_validator(mode="after")
+    def _pair(self) -> NatsTlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("certFile and keyFile go together: set both or neither")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.ca_file or self.cert_file or self.server_name or self.handshake_first)
+
+    def to_files(self) -> TlsFiles | None:
+        """What ``Bus.connect(tls=...)`` takes; None while TLS is not configured."""
+        from shared.bus import TlsFiles
+
+        if not self.enabled:
+            return None
+        return TlsFiles(
+            ca_file=self.ca_file,
+            cert_file=self.cert_file,
+            key_file=self.key_file,
+            server_name=self.server_name or None,
+            handshake_first=self.handshake_first,
+        )
+
+
 class NatsConfig(_Section):
     url: str = Field(default="nats://localhost:4222", min_length=1)
     # JetStream allows 1 to 5 replicas per stream.
     stream_replicas: int = Field(default=1, ge=1, le=5)
+    # JWT + nkey credentials (a .creds file), or a bare nkey seed; user/password come from the
+    # environment (NATS_USER, NATS_PASSWORD) as before.
+    creds_file: OptionalPath = None
+    nkey_seed_file: OptionalPath = None
+    tls: NatsTlsConfig = Field(default_factory=NatsTlsConfig)
+    # How long a tombstone (the observation of a deleted object) stays in RESPAWN_OBSERVATIONS:
+    # long enough for every consumer to see it, after which the object's subject goes away.
+    tombstone_ttl: Duration = Field(default=timedelta(hours=24), alias="tombstoneTTL")
+    streams: NatsStreamsConfig = Field(default_factory=NatsStreamsConfig)
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> NatsConfig:
+        if self.creds_file is not None and self.nkey_seed_file is not None:
+            raise ValueError("set credsFile or nkeySeedFile, not both")
+        return self
+
+    @field_validator("tombstone_ttl")
+    @classmethod
+    def _ttl(cls, value: timedelta) -> timedelta:
+        if value < timedelta(seconds=1):
+            raise ValueError("must be at least 1s (NATS counts message TTLs in whole seconds)")
+        return value
 
 
 class OperatorConfig(_Section):

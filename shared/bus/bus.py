@@ -4,21 +4,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgpack
 from nats.js import api
 from opentelemetry import trace
 from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, TracerProvider
 
-from shared.bus.connection import ConnectionState, open_connection
-from shared.bus.consume import Consumer, DeliverPolicy, consumer_config, ensure_consumer
+from shared import metrics, subjects
+from shared.bus.connection import ConnectionState, TlsFiles, open_connection, redact
+from shared.bus.consume import Consumer, DeliverPolicy, StreamMissing, consumer_config, ensure_consumer
+from shared.bus.deadletter import (
+    DL_OBJECT_KIND_HEADER,
+    DL_OBJECT_NAME_HEADER,
+    DL_OBJECT_NAMESPACE_HEADER,
+    DL_OBJECT_RESOURCE_VERSION_HEADER,
+    DL_OBJECT_UID_HEADER,
+    fit,
+    unpublished_headers,
+)
 from shared.bus.delivery import Handler, M
-from shared.bus.publish import Published, publish
+from shared.bus.errors import BusError
+from shared.bus.publish import Published, publish, send
 from shared.bus.replay import CaughtUp, Replay, start_replay
-from shared.bus.streams import StreamSpec, default_streams, ensure_stream
+from shared.bus.streams import StreamLimits, StreamSpec, default_streams, ensure_stream, stream_for
 from shared.messages import Message
+
+log = logging.getLogger(__name__)
 
 
 class Bus:
@@ -33,6 +48,7 @@ class Bus:
         duplicate_window: float,
         tracer_provider: TracerProvider | None,
         state: ConnectionState,
+        stream_limits: Mapping[str, StreamLimits] | None = None,
     ) -> None:
         self._nc = nc
         self._js = nc.jetstream()
@@ -44,6 +60,10 @@ class Bus:
         self._state = state
         self._consumers: list[Consumer[Any]] = []
         self._replays: list[Replay[Any]] = []
+        self._stream_limits = dict(stream_limits or {})
+        # The streams this bus sets up (and creates again should the server lose them), by name:
+        # Respawn's own with the configured limits, and any other this bus was asked to ensure.
+        self._streams: dict[str, StreamSpec] = {s.name: s for s in default_streams(self._stream_limits)}
 
     @classmethod
     async def connect(
@@ -61,12 +81,20 @@ class Bus:
         connect_deadline: float | None = 60.0,
         reconnect_wait_max: float = 2.0,
         tracer_provider: TracerProvider | None = None,
+        nkey_seed_file: str | Path | None = None,
+        tls: TlsFiles | None = None,
+        stream_limits: Mapping[str, StreamLimits] | None = None,
     ) -> Bus:
         """Connect as service ``name``; reconnects forever once connected.
 
         The first connection is retried (with backoff) for ``connect_deadline`` seconds
-        (None: forever), then :class:`~shared.bus.BusError` names the server and the last error.
-        ``replicas`` and ``duplicate_window`` apply to the streams this bus creates.
+        (None: forever), then :class:`~shared.bus.BusError` names the server (never its
+        credentials) and the last error. Credentials: ``user``/``password``, a ``token``, a JWT
+        ``creds`` file or an ``nkey_seed_file`` (both need the ``nkeys`` package). ``tls``
+        verifies the server against a CA and may present a client certificate; with it, a
+        server that does not require TLS is refused. ``replicas``, ``duplicate_window`` and
+        ``stream_limits`` (by stream name, docs/configuration.md ``nats.streams``) apply to the
+        streams this bus creates.
         """
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {replicas}")
@@ -79,6 +107,8 @@ class Bus:
             password=password,
             token=token,
             creds=creds,
+            nkey_seed_file=nkey_seed_file,
+            tls=tls,
             inbox_prefix=inbox_prefix,
             connect_deadline=connect_deadline,
             reconnect_wait_max=reconnect_wait_max,
@@ -90,6 +120,7 @@ class Bus:
             duplicate_window=duplicate_window,
             tracer_provider=tracer_provider,
             state=state,
+            stream_limits=stream_limits,
         )
 
     # -------------------------------------------------------------- state
@@ -116,6 +147,11 @@ class Bus:
         )
 
     @property
+    def max_payload(self) -> int:
+        """The largest message (headers and payload) the server takes, from its INFO."""
+        return int(self._nc.max_payload)
+
+    @property
     def reconnects(self) -> int:
         """How many times the connection was re-established (consumers re-bind on change)."""
         return self._state.reconnects
@@ -140,6 +176,19 @@ class Bus:
         """Connected and every consumer started by this bus is bound and running."""
         return self.connected and all(c.running for c in self._consumers)
 
+    def problems(self) -> list[str]:
+        """Why the bus is not :meth:`ready`, one line each (empty when it is): for readiness
+        output and logs, e.g. ``consumer RESPAWN_VERDICTS/lifecycle-verdicts: BusError: cannot create
+        stream RESPAWN_VERDICTS: ...``."""
+        found = (
+            [] if self.connected else [f"not connected to NATS ({self._state.last_error or 'reconnecting'})"]
+        )
+        for consumer in self._consumers:
+            problem = consumer.problem
+            if problem:
+                found.append(f"consumer {consumer.stream}/{consumer.durable}: {redact(problem)}")
+        return found
+
     async def close(self) -> None:
         """Stop every replay (deleting its consumer) and consumer, flush, and close the
         connection. Safe to call twice."""
@@ -157,17 +206,43 @@ class Bus:
     # -------------------------------------------------------------- set-up
 
     async def ensure_streams(self, specs: Sequence[StreamSpec] | None = None) -> None:
-        """Create or reconcile Respawn's streams (all of :func:`default_streams` by default)."""
-        for spec in specs if specs is not None else default_streams():
+        """Create or reconcile Respawn's streams (all of :func:`default_streams`, with this bus's
+        ``stream_limits``, by default)."""
+        for spec in specs if specs is not None else default_streams(self._stream_limits):
             await self.ensure_stream(spec)
 
     async def ensure_stream(self, spec: StreamSpec) -> None:
-        """Create the stream, or update it where it differs; never fails on a refused update."""
+        """Create the stream, or update it where it differs; never fails on a refused update, and
+        never loosens a limit an operator made stricter (see :mod:`shared.bus.streams`)."""
+        self._streams[spec.name] = spec
         await ensure_stream(self._js, spec, replicas=self.replicas, duplicate_window=self.duplicate_window)
 
     async def ensure_consumer(self, stream: str, config: api.ConsumerConfig) -> None:
-        """Create the durable consumer or update it in place; a refused update is logged."""
-        await ensure_consumer(self._js, stream, config)
+        """Create the durable consumer or update it in place; a refused update is logged.
+
+        A stream that is gone (the server lost its store) is created again from its spec first.
+        """
+        try:
+            await ensure_consumer(self._js, stream, config)
+        except StreamMissing:
+            await self.restore_stream(stream)
+            await ensure_consumer(self._js, stream, config)
+
+    async def restore_stream(self, stream: str) -> None:
+        """Create ``stream`` again from the spec this bus knows for it (:class:`BusError` if it
+        knows none, or NATS refuses)."""
+        spec = self._streams.get(stream)
+        if spec is None:
+            raise BusError(f"stream {stream} does not exist and this service has no specification for it")
+        log.warning("stream %s is missing (did the NATS server lose its store?); creating it again", stream)
+        await self.ensure_stream(spec)
+
+    async def _restore_for(self, subject: str) -> bool:
+        spec = stream_for(subject, self._streams.values())
+        if spec is None:
+            return False
+        await self.ensure_stream(spec)
+        return True
 
     # -------------------------------------------------------------- publish
 
@@ -180,6 +255,7 @@ class Bus:
         headers: Mapping[str, str] | None = None,
         ack_timeout: float = 5.0,
         retry_for: float = 30.0,
+        ttl: float | None = None,
     ) -> Published:
         """Publish ``message`` and wait for JetStream to store it.
 
@@ -187,6 +263,16 @@ class Bus:
         the message is about (e.g. uid + resourceVersion) so a republished observation is
         absorbed. Without one a random id is used, which still makes this method's own
         retries (for up to ``retry_for`` seconds, e.g. across a server restart) safe.
+
+        ``ttl`` (seconds, at least 1; nats-server 2.11+, on a stream that allows per-message
+        TTLs such as ``RESPAWN_OBSERVATIONS``): the server removes the message that long after
+        storing it. Give it to tombstones, so a deleted object's subject goes away.
+
+        :class:`~shared.bus.PermanentPublishError` (with a ``reason``) at once when this message
+        can never be published: larger than the server's ``max_payload``, an invalid subject, a
+        permission violation, or refused for good by JetStream. Dead-letter what it was about
+        (:meth:`dead_letter`) and go on. Other failures are retried for ``retry_for`` seconds,
+        then raised as they are.
         """
         return await publish(
             self._js,
@@ -198,7 +284,96 @@ class Bus:
             headers=headers,
             ack_timeout=ack_timeout,
             retry_for=retry_for,
+            ttl=ttl,
+            max_payload=self.max_payload,
+            state=self._state,
+            restore_stream=self._restore_for,
         )
+
+    async def _send(
+        self, subject: str, payload: bytes, headers: dict[str, str], *, retry_for: float
+    ) -> Published:
+        """Publish raw bytes (a dead letter) with the retries and checks of :meth:`publish`."""
+        ack = await send(
+            self._js,
+            subject,
+            payload,
+            headers,
+            ack_timeout=5.0,
+            retry_for=retry_for,
+            state=self._state,
+            restore_stream=self._restore_for,
+        )
+        return Published(stream=ack.stream, seq=int(ack.seq), duplicate=bool(ack.duplicate))
+
+    async def dead_letter(
+        self,
+        subject: str,
+        payload: bytes | Message | Mapping[str, Any],
+        *,
+        reason: str,
+        error: str | BaseException,
+        kind: str = "",
+        namespace: str = "",
+        name: str = "",
+        uid: str = "",
+        resource_version: str = "",
+        headers: Mapping[str, str] | None = None,
+        msg_id: str | None = None,
+        retry_for: float = 30.0,
+    ) -> Published:
+        """Dead-letter something that never became a stored message: an object that could not
+        be published (e.g. a :class:`~shared.bus.PermanentPublishError`), or one a service
+        cannot turn into a message at all.
+
+        Written to ``respawn.deadletter.<service>`` (stream ``RESPAWN_DEAD_LETTER``) with the
+        headers of a consumer's dead letters (docs/messages.md, "Dead letters"): ``reason``,
+        ``error``, ``subject`` as the original subject and its stream, sequence ``0``, no
+        consumer, ``0`` deliveries, plus the object's identity (``kind``, ``namespace``,
+        ``name``, ``uid``, ``resource_version``) and any other ``headers``. ``payload`` is
+        what is worth keeping: the message, or a summary of the object (a mapping is packed as
+        msgpack). The dead letter is cut to fit in one message, so it is never itself too
+        large. ``msg_id`` de-duplicates repeats (default: from the subject and payload).
+
+        Counted in ``respawn_bus_dead_lettered_total{service,stream,reason}``. Raises
+        :class:`~shared.bus.BusError` (or a subclass) if even the dead letter cannot be written.
+        """
+        if isinstance(payload, Message):
+            data = payload.encode()
+        elif isinstance(payload, bytes | bytearray | memoryview):
+            data = bytes(payload)
+        else:
+            data = msgpack.packb(dict(payload), default=str)
+        original = stream_for(subject, self._streams.values())
+        identity = {
+            DL_OBJECT_KIND_HEADER: kind,
+            DL_OBJECT_NAMESPACE_HEADER: namespace,
+            DL_OBJECT_NAME_HEADER: name,
+            DL_OBJECT_UID_HEADER: uid,
+            DL_OBJECT_RESOURCE_VERSION_HEADER: resource_version,
+        }
+        extra = {**(headers or {}), **{k: v for k, v in identity.items() if v}}
+        error_text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else error
+        all_headers = unpublished_headers(
+            extra,
+            service=self.service,
+            reason=reason,
+            error=redact(error_text),
+            subject=subject,
+            stream=original.name if original else "",
+            payload=data,
+            msg_id=msg_id,
+        )
+        all_headers, data = fit(all_headers, data, self.max_payload)
+        published = await self._send(
+            subjects.dead_letter(self.service), data, all_headers, retry_for=retry_for
+        )
+        if not published.duplicate:
+            metrics.BUS_DEAD_LETTERED.labels(
+                service=self.service, stream=original.name if original else "", reason=reason
+            ).inc()
+        log.error("dead-lettered %s (%s): %s", subject, reason, redact(error_text))
+        return published
 
     # -------------------------------------------------------------- consume
 
@@ -218,6 +393,7 @@ class Bus:
         deliver_policy: api.DeliverPolicy = DeliverPolicy.ALL,
         inactive_threshold: float | None = None,
         concurrency: int = 1,
+        max_errors: int | None = None,
     ) -> Consumer[M]:
         """Create-or-update the durable pull consumer and start its loop.
 
@@ -227,11 +403,22 @@ class Bus:
         returning acks; raising :class:`~shared.bus.TransientError` naks with its delay; any other
         exception is logged and naked with a growing delay. On the ``max_deliver``-th
         failed delivery, and for undecodable or newer-version messages at once, the raw
-        message goes to ``respawn.deadletter.<service>`` and is terminated.
+        message goes to ``respawn.deadletter.<service>`` and is terminated. A message that
+        fails is naked, so the messages behind it (and, with ``concurrency``, other subjects)
+        go on meanwhile.
+
+        ``max_errors`` is the poison budget of a consumer whose handler asks for redelivery on
+        purpose (:class:`~shared.bus.TransientError`, e.g. a verdict held until it applies) and
+        so needs a large ``max_deliver``: a message whose handler *raised an unexpected
+        exception* that many times is dead-lettered (reason ``max-errors``) however few of
+        its deliveries were retries. The count is kept by the replica handling the message
+        (a restart starts it again). None: ``max_deliver`` alone bounds the errors.
         Handlers must be idempotent: an ack can be lost and the message redelivered.
         """
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if max_errors is not None and max_errors < 1:
+            raise ValueError(f"max_errors must be at least 1, got {max_errors}")
         filters = (filter_subjects,) if isinstance(filter_subjects, str) else tuple(filter_subjects)
         if not filters:
             raise ValueError("consume needs at least one filter subject")
@@ -257,6 +444,7 @@ class Bus:
             max_deliver=max_deliver,
             consumer_config=config,
             concurrency=concurrency,
+            max_errors=max_errors,
         )
         consumer.start()
         self._consumers.append(consumer)

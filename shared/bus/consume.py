@@ -4,10 +4,13 @@
 A message is acked only after its handler returned, nak'ed (with a delay) when the handler
 asks to be retried or fails, and what can never be processed is moved to
 ``respawn.deadletter.<service>`` instead of crashing or looping (docs/messages.md, "Delivery
-and acknowledgement", "Dead letters"). The loop re-binds after every reconnect, because a pull
-subscription does not reliably resume on its own after a server restart (nats-io/nats.py#504),
-and re-creates its consumer when binding or fetching fails, so a consumer deleted under it (or
-lost with the server's store) comes back.
+and acknowledgement", "Dead letters"): a poison message is given up on after ``max_deliver``
+deliveries or ``max_errors`` handler errors, and never holds up the messages behind it. The
+loop re-binds after every reconnect, because a pull subscription does not reliably resume on
+its own after a server restart (nats-io/nats.py#504), and re-creates its consumer when binding
+or fetching fails, so a consumer deleted under it comes back; if its stream is gone too (the
+server lost its store), the bus creates the stream again from its spec first. Until it is bound
+again, :attr:`Consumer.problem` says why (for readiness).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import enum
 import functools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol
 
@@ -30,15 +34,18 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from shared import metrics, subjects
 from shared.bus.backoff import backoff, error_delay
+from shared.bus.connection import redact
 from shared.bus.deadletter import (
     DL_INVALID,
     DL_MAX_DELIVERIES,
+    DL_MAX_ERRORS,
     DL_UNSUPPORTED_VERSION,
     dead_letter_headers,
+    fit,
 )
 from shared.bus.delivery import Delivery, Handler, M
-from shared.bus.errors import BusError, TransientError
-from shared.bus.headers import MSG_ID_HEADER, TRACEPARENT_HEADER
+from shared.bus.errors import BusError, PermanentPublishError, TransientError
+from shared.bus.headers import MARKER_REASON_HEADER, MSG_ID_HEADER, TRACEPARENT_HEADER
 from shared.messages import InvalidMessage, UnsupportedSchemaVersion, decode
 from shared.telemetry import extract_context
 
@@ -52,6 +59,21 @@ DeliverPolicy = api.DeliverPolicy
 
 # How long a busy consumer's batch fetch may wait for more messages (seconds).
 BUSY_FETCH_TIMEOUT = 0.05
+
+# JetStream's error code for "stream not found" (nats-server's errors.json, JSStreamNotFoundErr).
+STREAM_NOT_FOUND = 10059
+
+# Messages whose handler errors are being counted (see ``max_errors``); at most max_ack_pending
+# are in flight at once, so this bound is only reached by messages that left the stream.
+_ERROR_COUNTS_KEPT = 10_000
+
+
+class StreamMissing(BusError):
+    """The stream a consumer belongs to does not exist (any more)."""
+
+
+def stream_missing(exc: BaseException) -> bool:
+    return isinstance(exc, nats.js.errors.NotFoundError) and exc.err_code == STREAM_NOT_FOUND
 
 
 class Outcome(enum.Enum):
@@ -109,10 +131,16 @@ def consumer_config(
 
 
 async def ensure_consumer(js: Any, stream: str, config: api.ConsumerConfig) -> None:
-    """Create the durable consumer or update it in place; a refused update is logged."""
+    """Create the durable consumer or update it in place; a refused update is logged.
+
+    :class:`StreamMissing` when the stream does not exist (see :meth:`shared.bus.Bus.ensure_consumer`,
+    which creates it again).
+    """
     try:
         await js.add_consumer(stream, config=config)
     except nats.js.errors.APIError as exc:
+        if stream_missing(exc):
+            raise StreamMissing(f"stream {stream} does not exist") from exc
         try:
             await js.consumer_info(stream, config.durable_name)
         except nats.js.errors.NotFoundError:
@@ -162,6 +190,7 @@ class Consumer(Generic[M]):
         observer: LoopObserver | None = None,
         dead_letters: bool = True,
         spans: bool = True,
+        max_errors: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
@@ -177,6 +206,11 @@ class Consumer(Generic[M]):
         self._batch = batch
         self._fetch_timeout = fetch_timeout
         self._max_deliver = max_deliver
+        if max_errors is not None and max_errors < 1:
+            raise ValueError(f"max_errors must be at least 1, got {max_errors}")
+        self._max_errors = max_errors
+        # Handler errors per stream sequence, when max_errors is set (see Bus.consume).
+        self._errors: OrderedDict[int, int] = OrderedDict()
         self._config = consumer_config
         self._concurrency = concurrency
         self._observer = observer
@@ -189,6 +223,7 @@ class Consumer(Generic[M]):
         self._stopping = False
         self._busy = False
         self._bound = False
+        self._problem = ""
         self._task: asyncio.Task[None] | None = None
         labels = {"service": bus.service, "stream": stream}
         self._m_consumed = metrics.BUS_MESSAGES_CONSUMED.labels(**labels)
@@ -207,6 +242,18 @@ class Consumer(Generic[M]):
     def running(self) -> bool:
         """Bound to the server and looping (for readiness)."""
         return self._task is not None and not self._task.done() and self._bound and not self._stopping
+
+    @property
+    def problem(self) -> str:
+        """Why the loop is not running, for readiness: the last error binding or fetching,
+        "" while it runs."""
+        if self.running:
+            return ""
+        if self._task is None:
+            return "not started"
+        if self._stopping or self._task.done():
+            return "stopped"
+        return self._problem or "binding"
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -341,6 +388,7 @@ class Consumer(Generic[M]):
 
         def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
+            self._problem = redact(f"{type(exc).__name__}: {exc}")
             log.warning(
                 "consumer %s/%s: %s: %s; retrying in %.1fs",
                 self.stream,
@@ -378,6 +426,7 @@ class Consumer(Generic[M]):
                     self._psub = None
                     raise
                 self._idle = not msgs
+                self._problem = ""
                 if not msgs and self._observer is not None:
                     await self._observer.idle(self)
                 return msgs
@@ -390,7 +439,8 @@ class Consumer(Generic[M]):
             with contextlib.suppress(Exception):
                 await old.unsubscribe()
         generation = self._bus.reconnects
-        # Create-or-update every time: after a restart with a lost store the durable is gone.
+        # Create-or-update every time: after a restart with a lost store the durable is gone,
+        # and so may be its stream (the bus creates that again from its spec).
         await self._bus.ensure_consumer(self.stream, self._config)
         self._psub = await self._bus.js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
         self._generation = generation
@@ -408,6 +458,12 @@ class Consumer(Generic[M]):
             )
             return None
         headers: Mapping[str, str] = msg.headers or {}
+        if MARKER_REASON_HEADER in headers:
+            # Written by the server itself (a subject delete marker): it carries no message of
+            # ours, and its subject's last message already told the handler what it needed.
+            if await self._settle(msg.ack(), "ack"):
+                self._m_acked.inc()
+            return Outcome.DONE
         try:
             message = decode(self._cls, msg.data)
         except InvalidMessage as exc:
@@ -475,15 +531,39 @@ class Consumer(Generic[M]):
                 delivery.stream_seq,
                 delivery.num_delivered,
             )
+            error = f"{type(exc).__name__}: {exc}"
             if exhausted:
-                return await self._give_up(msg, md, DL_MAX_DELIVERIES, f"{type(exc).__name__}: {exc}")
-            await self._nak(msg, error_delay(delivery.num_delivered), "error")
+                self._errors.pop(delivery.stream_seq, None)
+                return await self._give_up(msg, md, DL_MAX_DELIVERIES, error)
+            errors = self._count_error(delivery.stream_seq)
+            if self._max_errors is not None and errors >= self._max_errors:
+                self._errors.pop(delivery.stream_seq, None)
+                return await self._give_up(msg, md, DL_MAX_ERRORS, f"{error} (error {errors})")
+            await self._nak(msg, error_delay(errors or delivery.num_delivered), "error")
             return Outcome.RETRY
         self._m_seconds.observe(time.perf_counter() - started)
+        if self._errors:
+            self._errors.pop(delivery.stream_seq, None)
         if await self._settle(msg.ack(), "ack"):
             self._m_acked.inc()
         # Handled even if the ack was lost: the handler's work is done, a redelivery repeats it.
         return Outcome.DONE
+
+    def _count_error(self, stream_seq: int) -> int:
+        """This message's handler errors so far, with this one (0 without ``max_errors``).
+
+        Counted in memory by this replica: a restart, or another replica taking the message,
+        starts again from zero, so the budget is per replica run; still finite. Deliveries
+        cannot be used: a consumer with max_errors redelivers on purpose (TransientError)
+        as often as it needs.
+        """
+        if self._max_errors is None:
+            return 0
+        count = self._errors.pop(stream_seq, 0) + 1
+        self._errors[stream_seq] = count
+        while len(self._errors) > _ERROR_COUNTS_KEPT:
+            self._errors.popitem(last=False)
+        return count
 
     async def _nak(self, msg: Any, delay: float, reason: str) -> None:
         if await self._settle(msg.nak(delay=delay if delay > 0 else None), "nak"):
@@ -544,10 +624,22 @@ class Consumer(Generic[M]):
             consumer=md.consumer,
             deliveries=int(md.num_delivered),
         )
+        headers, payload = fit(headers, bytes(msg.data), self._bus.max_payload)
         try:
-            await self._bus.js.publish(
-                subjects.dead_letter(self._bus.service), bytes(msg.data), headers=headers, timeout=5.0
+            await self._bus._send(subjects.dead_letter(self._bus.service), payload, headers, retry_for=5.0)
+        except PermanentPublishError as exc:
+            # The copy can never be written (e.g. the service may not publish dead letters):
+            # keeping the original in redelivery would loop on it forever. It stays stored in
+            # its stream; only this consumer stops trying it.
+            log.error(
+                "dead-lettering %s seq %s is impossible (%s); terminating it without a copy",
+                msg.subject,
+                md.sequence.stream,
+                exc,
             )
+            if await self._settle(msg.term(), "term"):
+                metrics.BUS_MESSAGES_TERMINATED.labels(**self._labels, reason=reason).inc()
+            return Outcome.DONE
         except Exception as exc:
             log.error(
                 "dead-lettering %s seq %s failed (%s); will retry", msg.subject, md.sequence.stream, exc

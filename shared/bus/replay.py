@@ -45,7 +45,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic
 
 from shared.bus.backoff import until_done
-from shared.bus.consume import Consumer, DeliverPolicy, Outcome, consumer_config, delete_consumer
+from shared.bus.consume import (
+    Consumer,
+    DeliverPolicy,
+    Outcome,
+    consumer_config,
+    delete_consumer,
+    stream_missing,
+)
 from shared.bus.delivery import Handler, M
 from shared.bus.errors import BusError
 from shared.bus.streams import last_sequence
@@ -244,7 +251,14 @@ async def start_replay(
     # its last ack.
     await delete_consumer(bus.js, stream, durable)
     # Taken before the consumer exists, so every message up to the mark is in its view.
-    mark = await last_sequence(bus.js, stream)
+    try:
+        mark = await last_sequence(bus.js, stream)
+    except Exception as exc:
+        if not stream_missing(exc):
+            raise
+        # Lost with the server's store: an empty stream again, with nothing to replay.
+        await bus.restore_stream(stream)
+        mark = 0
     await bus.ensure_consumer(stream, config)
     replay: Replay[M] = Replay(bus, stream=stream, durable=durable, mark=mark, on_caught_up=on_caught_up)
     consumer = Consumer(

@@ -4,6 +4,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -240,7 +241,8 @@ def test_every_leaf_key_has_an_environment_variable() -> None:
     assert names["RESPAWN_FAULT_TOLERANCE_RECREATE_DELAY"] == "faultTolerance.recreateDelay"
     assert names["RESPAWN_ADMISSION_MAX_TEMPLATE_DEPTH"] == "admission.maxTemplateDepth"
     assert names["RESPAWN_ADMISSION_MAX_TEMPLATE_BYTES"] == "admission.maxTemplateBytes"
-    assert len(names) == 26
+    assert len([n for n in names if not n.startswith("RESPAWN_NATS_")]) == 24
+    assert len([n for n in names if n.startswith("RESPAWN_NATS_")]) == 27
     assert len(set(names.values())) == len(names)
 
 
@@ -410,3 +412,100 @@ def test_any_consistent_setting_round_trips_into_fault_tolerance(
     assert ft.admission_grace == timedelta(seconds=admission)
     assert ft.warmup_grace == timedelta(seconds=admission + extra_warmup)
     assert ft.retry_limit == retry_limit
+
+
+# --- nats: the bus ------------------------------------------------------------------------------
+
+
+def test_nats_stream_limit_defaults_are_the_bus_defaults() -> None:
+    from shared.bus import DEFAULT_LIMITS
+
+    assert load_config(env={}).nats.streams.by_stream() == dict(DEFAULT_LIMITS)
+
+
+def test_the_documented_complete_file_holds_the_nats_defaults() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    block = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    documented = OperatorConfig.model_validate(yaml.safe_load(block))
+    assert documented.nats == OperatorConfig().nats
+
+
+def test_nats_defaults_have_no_tls_and_no_credential_files() -> None:
+    nats = load_config(env={}).nats
+    assert nats.tls.to_files() is None
+    assert (nats.creds_file, nats.nkey_seed_file) == (None, None)
+    assert nats.tombstone_ttl == timedelta(hours=24)
+
+
+def test_nats_tls_credentials_and_limits_from_file_and_environment(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+nats:
+  credsFile: /etc/nats/respawn.creds
+  tls: {caFile: /etc/nats/ca.crt, certFile: /etc/nats/tls.crt, keyFile: /etc/nats/tls.key}
+  tombstoneTTL: 2h
+  streams:
+    observations: {maxBytes: 4GiB}
+    verdicts: {maxMsgsPerSubject: 16, maxAge: 168h}
+""",
+    )
+    config = load_config(
+        path,
+        env={
+            "RESPAWN_NATS_TLS_SERVER_NAME": "nats.example",
+            "RESPAWN_NATS_STREAMS_DEAD_LETTER_MAX_MSGS": "500",
+        },
+    ).nats
+    files = config.tls.to_files()
+    assert files is not None
+    assert (files.ca_file, files.cert_file, files.key_file, files.server_name) == (
+        Path("/etc/nats/ca.crt"),
+        Path("/etc/nats/tls.crt"),
+        Path("/etc/nats/tls.key"),
+        "nats.example",
+    )
+    assert config.creds_file == Path("/etc/nats/respawn.creds")
+    assert config.tombstone_ttl == timedelta(hours=2)
+    limits = config.streams.by_stream()
+    assert limits["RESPAWN_OBSERVATIONS"].max_bytes == 4 * 1024**3
+    assert limits["RESPAWN_OBSERVATIONS"].max_msgs == 1_000_000  # the rest keep the stream's defaults
+    assert limits["RESPAWN_VERDICTS"].max_msgs_per_subject == 16
+    assert limits["RESPAWN_VERDICTS"].max_age == 7 * 24 * 3600
+    assert limits["RESPAWN_DEAD_LETTER"].max_msgs == 500
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"RESPAWN_NATS_TLS_CERT_FILE": "/c"}, "nats.tls: certFile and keyFile go together"),
+        (
+            {"RESPAWN_NATS_CREDS_FILE": "/a", "RESPAWN_NATS_NKEY_SEED_FILE": "/b"},
+            "nats: set credsFile or nkeySeedFile, not both",
+        ),
+        ({"RESPAWN_NATS_TOMBSTONE_TTL": "500ms"}, "nats.tombstoneTTL: must be at least 1s"),
+        (
+            {"RESPAWN_NATS_STREAMS_LIFECYCLE_MAX_AGE": "-1h"},
+            "nats.streams.lifecycle.maxAge: must not be negative",
+        ),
+        (
+            {"RESPAWN_NATS_STREAMS_VERDICTS_MAX_MSGS_PER_SUBJECT": "0"},
+            "nats.streams.verdicts.maxMsgsPerSubject",
+        ),
+        ({"RESPAWN_NATS_STREAMS_OBSERVATIONS_MAX_MSGS": "-1"}, "nats.streams.observations.maxMsgs"),
+        ({"RESPAWN_NATS_STREAMS_OBSERVATIONS_MAX_BYTES": "lots"}, "nats.streams.observations.maxBytes"),
+    ],
+)
+def test_bad_nats_settings_are_rejected(tmp_path: Path, env: dict[str, str], message: str) -> None:
+    assert message in error_of(tmp_path, **env)
+
+
+def test_per_subject_history_is_no_setting_of_the_latest_state_streams(tmp_path: Path) -> None:
+    message = error_of(tmp_path, "nats:\n  streams:\n    observations: {maxMsgsPerSubject: 5}\n")
+    assert "unknown key 'nats.streams.observations.maxMsgsPerSubject'" in message
+
+
+def test_empty_nats_file_settings_mean_unset(tmp_path: Path) -> None:
+    config = load_config(env={"RESPAWN_NATS_CREDS_FILE": "", "RESPAWN_NATS_TLS_CA_FILE": ""})
+    assert config.nats.creds_file is None
+    assert config.nats.tls.to_files() is None
