@@ -108,16 +108,9 @@ ALL_STREAMS = (
     subjects.LIFECYCLE_STREAM,
     subjects.DEAD_LETTER_STREAM,
 )
-# The one user that may change each stream's configuration: the service that produces into it.
-# The dead-letter stream has three producers; lifecycle keeps it, since the dead letters that
-# matter most are verdicts it could not apply.
-STREAM_OWNERS: Mapping[str, str] = {
-    subjects.OBSERVATIONS_STREAM: "watcher",
-    subjects.VERDICTS_STREAM: "health",
-    subjects.NODE_VERDICTS_STREAM: "autopilot",
-    subjects.LIFECYCLE_STREAM: "lifecycle",
-    subjects.DEAD_LETTER_STREAM: "lifecycle",
-}
+# The one user that may change each stream's configuration: the stream's owner in the bus's own
+# specs (shared.bus.StreamSpec.owner), the service that produces into it.
+STREAM_OWNERS: Mapping[str, str] = {s.name: s.owner.removeprefix("respawn-") for s in default_streams()}
 # lifecycle's durable consumers (services/lifecycle/service.py), shared by its replicas.
 LIFECYCLE_DURABLES: Mapping[str, str] = {
     subjects.VERDICTS_STREAM: "lifecycle-verdicts",

@@ -69,7 +69,10 @@ async def run(name: str, main: Main, *, needs_kube: bool = True) -> int:
             name=f"respawn-{name}",
             user=os.environ.get("NATS_USER") or None,
             password=os.environ.get("NATS_PASSWORD") or None,
-            creds=os.environ.get("NATS_CREDS") or None,
+            creds=os.environ.get("NATS_CREDS") or config.nats.creds_file,
+            nkey_seed_file=config.nats.nkey_seed_file,
+            tls=config.nats.tls.to_files(),
+            stream_limits=config.nats.streams.by_stream(),
             inbox_prefix=os.environ.get("NATS_INBOX_PREFIX") or None,
             replicas=config.nats.stream_replicas,
             tracer_provider=telemetry.provider,
@@ -81,7 +84,9 @@ async def run(name: str, main: Main, *, needs_kube: bool = True) -> int:
     kube = await Kube.connect() if needs_kube else None
     probes = await start_probes(
         probe_port(),
-        {"nats": lambda: bus.connected},
+        # Connected, and every consumer bound (a lost stream or consumer shows here until the
+        # bus has re-created it: Bus.problems() says why).
+        {"nats": bus.ready},
         host="127.0.0.1" if os.environ.get("RESPAWN_PROBE_LOOPBACK") else "0.0.0.0",
     )
     rt = Runtime(name=name, config=config, bus=bus, kube=kube, probes=probes)

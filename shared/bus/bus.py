@@ -215,7 +215,19 @@ class Bus:
         """Create the stream, or update it where it differs; never fails on a refused update, and
         never loosens a limit an operator made stricter (see :mod:`shared.bus.streams`)."""
         self._streams[spec.name] = spec
-        await ensure_stream(self._js, spec, replicas=self.replicas, duplicate_window=self.duplicate_window)
+        await ensure_stream(
+            self._js,
+            spec,
+            replicas=self.replicas,
+            duplicate_window=self.duplicate_window,
+            may_update=self.may_update(spec),
+        )
+
+    def may_update(self, spec: StreamSpec) -> bool:
+        """Whether this bus brings ``spec``'s stream up to date: it is the stream's owner, or no
+        Respawn service at all (a tool or a test, which the NATS permissions govern alone)."""
+        services = {s.owner for s in default_streams()}
+        return not spec.owner or self.service == spec.owner or self.service not in services
 
     async def ensure_consumer(self, stream: str, config: api.ConsumerConfig) -> None:
         """Create the durable consumer or update it in place; a refused update is logged.

@@ -75,6 +75,11 @@ class StreamSpec:
     # Per-message TTL (the Nats-TTL header, nats-server 2.11+): lets a tombstone expire so the
     # subject of a deleted object goes away. Once enabled on a stream NATS cannot disable it.
     allow_msg_ttl: bool = False
+    # The one service (its bus name, e.g. "respawn-health") that brings the stream's
+    # configuration up to date; every other service only creates it when it is missing, so the
+    # services start in any order but a stream has one writer of its configuration
+    # (docs/deploy.md, "Streams have one owner each"). "" lets any client update it.
+    owner: str = ""
 
     def config(self, *, replicas: int, duplicate_window: float) -> api.StreamConfig:
         return api.StreamConfig(
@@ -186,6 +191,7 @@ def default_streams(limits: Mapping[str, StreamLimits] | None = None) -> tuple[S
     specs = (
         StreamSpec(
             name=subjects.OBSERVATIONS_STREAM,
+            owner="respawn-watcher",
             subjects=(f"{subjects.OBS_PREFIX}.>",),
             description="Latest observed state of each watched object (one message per subject)",
             # Observations are "latest state": a newer one replaces the older, so a
@@ -196,24 +202,30 @@ def default_streams(limits: Mapping[str, StreamLimits] | None = None) -> tuple[S
         ),
         StreamSpec(
             name=subjects.VERDICTS_STREAM,
+            owner="respawn-health",
             subjects=(f"{subjects.VERDICT_PREFIX}.>",),
             description="Health verdicts per AppWrapper (public interface)",
             max_msgs_per_subject=VERDICT_HISTORY,
         ),
         StreamSpec(
             name=subjects.NODE_VERDICTS_STREAM,
+            owner="respawn-autopilot",
             subjects=(f"{subjects.NODE_VERDICT_PREFIX}.>",),
             description="Latest unhealthy-node sets per resource",
             max_msgs_per_subject=1,
         ),
         StreamSpec(
             name=subjects.LIFECYCLE_STREAM,
+            owner="respawn-lifecycle",
             subjects=(f"{subjects.LIFECYCLE_PREFIX}.>",),
             description="What lifecycle did to each AppWrapper (public interface)",
             max_msgs_per_subject=LIFECYCLE_HISTORY,
         ),
         StreamSpec(
             name=subjects.DEAD_LETTER_STREAM,
+            # Three services dead-letter; lifecycle keeps the stream, since the dead letters that
+            # matter most are verdicts it could not apply.
+            owner="respawn-lifecycle",
             subjects=(f"{subjects.DEAD_LETTER_PREFIX}.>",),
             description="Messages a consumer could not process, with the reason in headers",
         ),
@@ -333,8 +345,11 @@ def desired_config(
     return config
 
 
-async def ensure_stream(js: Any, spec: StreamSpec, *, replicas: int, duplicate_window: float) -> None:
-    """Create the stream, or update it where it differs; never fails on a refused update."""
+async def ensure_stream(
+    js: Any, spec: StreamSpec, *, replicas: int, duplicate_window: float, may_update: bool = True
+) -> None:
+    """Create the stream, or (``may_update``: its owner) update it where it differs; never fails
+    on a refused update."""
     try:
         info = await js.stream_info(spec.name)
     except nats.js.errors.NotFoundError:
@@ -357,15 +372,25 @@ async def ensure_stream(js: Any, spec: StreamSpec, *, replicas: int, duplicate_w
     differences = stream_differences(desired, info.config)
     if not differences:
         return
+    if not may_update:
+        log.warning(
+            "stream %s differs from the expected configuration (%s); left as it is for its owner, %s",
+            spec.name,
+            "; ".join(differences),
+            spec.owner,
+        )
+        return
     try:
         await js.update_stream(desired)
-    except nats.js.errors.APIError as exc:
+    except (nats.js.errors.APIError, TimeoutError) as exc:
+        # A service that does not own the stream may not update it (docs/deploy.md): the server
+        # then drops the request, which times out. The owner brings the stream up to date.
         log.error(
             "stream %s differs from the expected configuration (%s) and NATS refused the update (%s); "
             "continuing with the existing configuration",
             spec.name,
             "; ".join(differences),
-            exc.description or exc,
+            getattr(exc, "description", None) or exc or type(exc).__name__,
         )
         return
     log.warning("updated stream %s: %s", spec.name, "; ".join(differences))

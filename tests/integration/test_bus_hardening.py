@@ -51,7 +51,7 @@ from shared.bus import (
 )
 from shared.bus.streams import LIMITS_METADATA
 from shared.messages import AppWrapperObservation, NodeObservation, ObjectRef, Verdict
-from tests.waiting import until, until_async
+from tests.waiting import until
 
 pytestmark = pytest.mark.nats
 
@@ -293,7 +293,7 @@ async def test_a_permission_violation_fails_instead_of_being_retried(auth_server
             i = await admin.js.consumer_info(subjects.VERDICTS_STREAM, durable)
             return bool(i.num_ack_pending == 0 and i.num_pending == 0)
 
-        await until_async("the poison message to be terminated", settled, within=30)
+        await until("the poison message to be terminated", settled, within=30)
         labels = {"service": limited.service, "stream": subjects.VERDICTS_STREAM, "reason": "invalid"}
         assert metric("respawn_bus_messages_terminated_total", **labels) == 1
         assert metric("respawn_bus_dead_lettered_total", **labels) == 0
@@ -400,7 +400,7 @@ async def test_a_tombstone_with_a_ttl_goes_away_with_its_subject(bus: Bus) -> No
     async def gone() -> bool:
         return await subject_count(bus, subjects.OBSERVATIONS_STREAM, tomb) == 0
 
-    await until_async("the tombstone to expire", gone, within=15)
+    await until("the tombstone to expire", gone, within=15)
     assert await subject_count(bus, subjects.OBSERVATIONS_STREAM, alive) == 1  # without a TTL: kept
 
 
@@ -435,7 +435,7 @@ async def test_subject_delete_markers_are_acked_not_dead_lettered(bus: Bus) -> N
         # The message aged out and the server wrote a marker (sequence 2) in its place.
         return bool(info.state.last_seq >= 2 and ci.ack_floor.stream_seq >= 2 and ci.num_ack_pending == 0)
 
-    await until_async("the delete marker to be delivered and acked", marker_settled, within=20)
+    await until("the delete marker to be delivered and acked", marker_settled, within=20)
     assert handled == [1]
     base = {"service": bus.service, "stream": name}
     assert metric("respawn_bus_dead_lettered_total", **base, reason="invalid") == 0
