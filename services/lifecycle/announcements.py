@@ -76,6 +76,10 @@ UNMARKED_HORIZON: Final = timedelta(minutes=10)
 # Reason of the Kubernetes event recorded when deletion escalates to grace period 0.
 FORCEFUL_DELETION_EVENT: Final = "ForcefulDeletion"
 
+# The phases in which a deletion runs (and may escalate to grace period 0).
+_DELETING_PHASES: Final = frozenset(
+    {Phase.RESETTING, Phase.SUSPENDING, Phase.FAILED, Phase.SUCCEEDED, Phase.TERMINATING}
+)
 # Separates the phase part of a transition's marker from its forceful-deletion part.
 _FORCEFUL: Final = "+forceful/"
 # Kubernetes object names are DNS subdomains of at most 253 characters.
@@ -131,37 +135,50 @@ def _stamp(meta: Mapping[str, Any], status: Mapping[str, Any], phase: str) -> st
     """The time the status records for entering ``phase`` (None: a phase nothing announces).
 
     Each is the transition time of a condition the machine turns in the same write that enters
-    the phase, and that keeps its time for as long as the phase lasts:
+    the phase, read only while the condition still says what that write made it say (so that
+    it keeps its time for as long as the phase lasts, whatever else is written meanwhile):
 
-    - Suspended: QuotaReserved turned False (Suspending -> Suspended); on the first Suspended,
+    - Suspended: QuotaReserved False/Suspended (Suspending -> Suspended); on the first Suspended,
       which writes no condition, the AppWrapper's creationTimestamp;
-    - Resuming, Running, Suspending: ResourcesDeployed, i.e. the attempt's start;
-    - Resetting, Failed: Unhealthy turned True (every reset and every failure marks it);
-    - Succeeded: QuotaReserved turned False;
+    - Resuming, Running, Suspending: ResourcesDeployed True, i.e. the attempt's start;
+    - Resetting, Failed: Unhealthy True (every reset and every failure marks it);
+    - Succeeded: QuotaReserved False/Succeeded;
     - Terminating: the deletionTimestamp.
+
+    "-" when the status does not say (a status written by hand): constant, so never a new
+    transition by itself.
     """
     conditions = _conditions(status)
     match phase:
         case Phase.SUSPENDED:
-            if find_condition(conditions, ConditionType.QUOTA_RESERVED) is not None:
-                return _time(conditions, ConditionType.QUOTA_RESERVED) or "-"
+            if _suspended_after_running(conditions):
+                return _time_if(conditions, ConditionType.QUOTA_RESERVED, ConditionStatus.FALSE)
             created = parse_kube_time(meta.get("creationTimestamp"))
             return format_kube_time(created) if created is not None else "-"
         case Phase.RESUMING | Phase.RUNNING | Phase.SUSPENDING:
-            return _time(conditions, ConditionType.RESOURCES_DEPLOYED) or "-"
+            return _time_if(conditions, ConditionType.RESOURCES_DEPLOYED, ConditionStatus.TRUE)
         case Phase.RESETTING | Phase.FAILED:
-            return (
-                _time(conditions, ConditionType.UNHEALTHY)
-                or _time(conditions, ConditionType.RESOURCES_DEPLOYED)
-                or "-"
-            )
+            return _time_if(conditions, ConditionType.UNHEALTHY, ConditionStatus.TRUE)
         case Phase.SUCCEEDED:
-            return _time(conditions, ConditionType.QUOTA_RESERVED) or "-"
+            return _time_if(conditions, ConditionType.QUOTA_RESERVED, ConditionStatus.FALSE, Reason.SUCCEEDED)
         case Phase.TERMINATING:
             deleted = parse_kube_time(meta.get("deletionTimestamp"))
             return format_kube_time(deleted) if deleted is not None else "-"
         case _:
             return None
+
+
+def _time_if(conditions: Sequence[Any], ctype: str, status: str, reason: str = "") -> str:
+    cond = find_condition(conditions, ctype) or {}
+    if cond.get("status") != status or (reason and cond.get("reason") != reason):
+        return "-"
+    return _time(conditions, ctype) or "-"
+
+
+def _suspended_after_running(conditions: Sequence[Any]) -> bool:
+    """Whether Suspended was entered from Suspending (rather than on submission)."""
+    quota = find_condition(conditions, ConditionType.QUOTA_RESERVED) or {}
+    return quota.get("status") == ConditionStatus.FALSE and quota.get("reason") == Reason.SUSPENDED
 
 
 def transition_of(aw: Mapping[str, Any]) -> Transition | None:
@@ -178,8 +195,10 @@ def transition_of(aw: Mapping[str, Any]) -> Transition | None:
     conditions = _conditions(status)
     deleting = find_condition(conditions, ConditionType.DELETING_RESOURCES) or {}
     forceful = ""
-    if deleting.get("status") == ConditionStatus.TRUE and str(deleting.get("message", "")).startswith(
-        FORCEFUL_MESSAGE_PREFIX
+    if (
+        phase in _DELETING_PHASES
+        and deleting.get("status") == ConditionStatus.TRUE
+        and str(deleting.get("message", "")).startswith(FORCEFUL_MESSAGE_PREFIX)
     ):
         forceful = _time(conditions, ConditionType.DELETING_RESOURCES) or "-"
     return Transition(phase=phase, count=_count(status), stamp=stamp, forceful=forceful)
@@ -297,7 +316,12 @@ def owed(aw: Mapping[str, Any], retry_limit: int, now: datetime) -> tuple[Action
     out: list[Action] = []
     if key != transition.key:
         out.extend(_phase_announcements(aw, transition, key, retry_limit, now))
-    if transition.forceful and (key != transition.key or forceful != transition.forceful):
+    # An escalation is owed only when the record shows the phase's own announcements went out
+    # before it: then it happened in this phase, and its ids are this phase's. A deletion under
+    # way carries its escalation into the next phase (Resetting -> Suspending, anything ->
+    # Terminating), where it was not announced again; re-sending it under the new phase's ids
+    # could duplicate it, so an escalation whose phase is unknown is not re-sent.
+    if transition.forceful and key == transition.key and forceful != transition.forceful:
         out.extend(_forceful_announcements(aw, transition, now))
     return tuple(out)
 
@@ -372,7 +396,7 @@ def _phase_announcements(
     phase = transition.phase
     reason = ""
     if phase == Phase.SUSPENDED:
-        if find_condition(conditions, ConditionType.QUOTA_RESERVED) is not None:
+        if _suspended_after_running(conditions):
             message = "All resources deleted; quota released"
         else:
             message = f"Recorded the pod sets of {n} components; waiting for admission"

@@ -732,6 +732,12 @@ class _Reconciliation:
                     entry["name"] = seen.name
                 self._set_component(entry, ConditionStatus.TRUE, ComponentReason.CREATED_SUCCESSFULLY)
                 continue
+            if attempted and not entry.get("name") and seen.presence is not Presence.ABSENT:
+                # Created under a generated name that was never recorded, and not looked for
+                # successfully (the search failed, or nothing was read): creating again could make
+                # a second one. Wait, as for any create error, until it can be found or not.
+                errors.append(f"{described}: cannot tell yet whether it was already created")
+                continue
             try:
                 body = render_component(
                     self.aw,

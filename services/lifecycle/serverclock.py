@@ -16,11 +16,14 @@ server's time, estimated from the server's own timestamps:
 - a timestamp the server wrote before ``received`` (e.g. the managedFields time of a status
   write) bounds the offset from below only.
 
-The estimate is the intersection of the intervals seen within :data:`WINDOW`. The correction is
-the smallest one consistent with it: none when the local clock lies within the measurement error
-(which is then below a second plus a round trip), else the nearer bound. Samples that contradict
-each other (a clock was stepped) are dropped, all but the newest. Without samples the local
-clock is used as it is.
+The estimate is the intersection of the intervals seen within :data:`WINDOW`. When the local
+clock lies within it (the clocks agree to within a second plus a round trip), it is used as it
+is. Otherwise the correction is the interval's lower bound: the corrected clock is then never
+ahead of the server's. Erring early is what keeps health right: an attempt start written a
+second early still precedes its pods' creation (a reset leaves seconds between attempts, so no
+earlier pod gains), while one written a second late would disown the pods created in that second.
+Samples that contradict each other (a clock was stepped) are dropped, all but the newest.
+Without samples the local clock is used as it is.
 """
 
 from __future__ import annotations
@@ -75,13 +78,17 @@ def bounds_of(samples: Iterable[Bounds]) -> Bounds:
 
 
 def correction(bounds: Bounds) -> timedelta:
-    """The smallest correction of the local clock that the bounds allow (zero when they allow
-    the local clock as it is)."""
-    if bounds.low is not None and bounds.low > timedelta(0):
-        return bounds.low
-    if bounds.high is not None and bounds.high < timedelta(0):
-        return bounds.high
-    return timedelta(0)
+    """What to add to the local clock: nothing when the bounds allow it as it is, else their
+    lower bound (so that the corrected clock is never ahead of the server's)."""
+    low, high = bounds.low, bounds.high
+    if (low is None or low <= timedelta(0)) and (high is None or high >= timedelta(0)):
+        return timedelta(0)
+    if low is not None:
+        return low
+    # Only an upper bound, below zero (cannot happen with creation samples, which bound both
+    # sides): the local clock is ahead by at least that much.
+    assert high is not None
+    return high
 
 
 class ServerClock:
