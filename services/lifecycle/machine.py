@@ -862,9 +862,18 @@ class _Reconciliation:
         return False
 
     def _expected_pods(self) -> int:
+        # Only well-formed parts go to the counter: its contract is ValueError for a malformed
+        # pod set, and a spec or status edited past validation may hold anything.
+        entries = self.status.get("componentStatus")
+        recorded = [
+            {"podSets": e["podSets"]}
+            for e in (entries if isinstance(entries, list) else [])
+            if isinstance(e, Mapping) and isinstance(e.get("podSets"), list)
+        ]
+        components = [c for c in self.components if isinstance(c, Mapping)]
         try:
-            return expected_pod_count({"spec": self.spec, "status": self.status})
-        except ValueError:
+            return expected_pod_count({"spec": {"components": components}, "status": {"componentStatus": recorded}})
+        except (ValueError, TypeError):
             return 0
 
     def _pods_ready(self) -> None:

@@ -41,11 +41,13 @@ def marked(aw: dict[str, Any], marker: str | None) -> dict[str, Any]:
 
 
 def ids(actions: tuple[Action, ...] | list[Action]) -> set[str]:
-    return {a.msg_id if isinstance(a, PublishLifecycleEvent) else a.id for a in actions if _announcement(a)}
-
-
-def _announcement(action: Action) -> bool:
-    return isinstance(action, EmitEvent | PublishLifecycleEvent)
+    out: set[str] = set()
+    for action in actions:
+        if isinstance(action, PublishLifecycleEvent):
+            out.add(action.msg_id)
+        elif isinstance(action, EmitEvent):
+            out.add(action.id)
+    return out
 
 
 def recorded(aw: dict[str, Any]) -> dict[str, Any]:
