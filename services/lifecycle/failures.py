@@ -6,7 +6,8 @@ A failure here is anything a reconcile of one key raises: the API server refusin
 JSON parser), a bug. The worker that ran it goes on with the next key at once; the failed key is
 queued again after a backoff that doubles with each consecutive failure (1 s up to 5 min) and
 is forgotten on the first success. Failures of the API itself (unavailable, throttling) are
-retried the same way but told to nobody: they are not about the object.
+retried the same way, with the backoff capped at 10 s (the key is fine; the API will be back),
+and told to nobody: they are not about the object.
 
 The owner is told with a Warning Event on the AppWrapper (reason ``ReconcileError``), recorded
 under a name derived from the error, so a failure repeating every few seconds is one Event, not
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 RECONCILE_ERROR_EVENT: Final = "ReconcileError"
 FIRST_RETRY: Final = timedelta(seconds=1)
 LAST_RETRY: Final = timedelta(minutes=5)
+# The cap while the API itself is what fails.
+LAST_RETRY_UNAVAILABLE: Final = timedelta(seconds=10)
 # How many reported ids are remembered (to skip re-sending what the API server would refuse).
 _REMEMBERED: Final = 10_000
 
@@ -92,13 +95,15 @@ class Reported:
 class Failures:
     def __init__(self, send: SendEvent) -> None:
         self._send = send
-        self._attempts: dict[Key, int] = {}
+        # Consecutive failures of each key, and whether the latest was about the object.
+        self._attempts: dict[Key, tuple[int, bool]] = {}
         self.reported = Reported()
 
     def backoff(self, key: Key) -> timedelta:
         """How long to wait before ``key`` is reconciled again, after its latest failure."""
-        attempts = self._attempts.get(key, 1)
-        return min(LAST_RETRY, FIRST_RETRY * (1 << min(attempts - 1, 16)))
+        attempts, about = self._attempts.get(key, (1, True))
+        cap = LAST_RETRY if about else LAST_RETRY_UNAVAILABLE
+        return min(cap, FIRST_RETRY * (1 << min(attempts - 1, 16)))
 
     def succeeded(self, key: Key) -> None:
         self._attempts.pop(key, None)
@@ -109,13 +114,14 @@ class Failures:
 
     async def failed(self, key: Key, aw: Mapping[str, Any] | None, exc: BaseException) -> None:
         """Count, log with the object's identity, and tell the object's owner (once per error)."""
-        attempts = self._attempts[key] = self._attempts.get(key, 0) + 1
+        attempts = self._attempts.get(key, (0, True))[0] + 1
+        about = _about_the_object(exc)
+        self._attempts[key] = (attempts, about)
         cause = exc.__cause__ if exc.__cause__ is not None else exc
         FAILURES.labels(error=type(cause).__name__).inc()
         meta = (aw or {}).get("metadata") if isinstance(aw, Mapping) else None
         uid = str(meta.get("uid", "")) if isinstance(meta, Mapping) else ""
         text = describe(exc)
-        about = _about_the_object(exc)
         log.log(
             logging.ERROR if about else logging.WARNING,
             "reconciling AppWrapper %s/%s (uid %s) failed (%d in a row; next try in %s): %s",

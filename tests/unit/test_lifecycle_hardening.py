@@ -457,10 +457,13 @@ async def test_an_api_outage_is_retried_but_told_to_nobody() -> None:
 
     kube.fault = down
     stack = Stack(kube, stream, clock)
-    with pytest.raises(Exception, match="etcd is down"):
-        await stack.reconciler.reconcile_key(KEY, None)
+    for _ in range(8):
+        with pytest.raises(Exception, match="etcd is down"):
+            await stack.reconciler.reconcile_key(KEY, None)
     stack.queue.close()
     assert events(kube) == []
+    # The key is fine, the API will be back: retried within seconds, not minutes.
+    assert stack.reconciler.failures.backoff(KEY) == timedelta(seconds=10)
 
 
 async def test_a_bad_annotation_value_is_told_once_and_the_default_is_used() -> None:
