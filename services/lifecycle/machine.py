@@ -872,7 +872,9 @@ class _Reconciliation:
         ]
         components = [c for c in self.components if isinstance(c, Mapping)]
         try:
-            return expected_pod_count({"spec": {"components": components}, "status": {"componentStatus": recorded}})
+            return expected_pod_count(
+                {"spec": {"components": components}, "status": {"componentStatus": recorded}}
+            )
         except (ValueError, TypeError):
             return 0
 
