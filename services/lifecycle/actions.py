@@ -56,6 +56,11 @@ class DeleteComponent:
     namespace: str
     name: str
     force: bool = False
+    # The uid of the object confirmed to be controlled by this AppWrapper (seen with its
+    # controller owner reference, or returned by our create). The delete carries it as a
+    # precondition, so it can only ever remove that very object; without one (nothing was
+    # confirmed ours, e.g. the read failed) the service does not delete at all.
+    uid: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,19 +88,27 @@ class ExcludeNodes:
 
 @dataclass(frozen=True, slots=True)
 class EmitEvent:
-    """Record a Kubernetes Event on the AppWrapper."""
+    """Record a Kubernetes Event on the AppWrapper.
+
+    ``id`` is deterministic (see :mod:`services.lifecycle.announcements`): the Event is created
+    under a name derived from it, so a second copy (a re-send after a crash, or by another
+    replica) is refused by the API server as AlreadyExists instead of recorded twice. Without an
+    id the Event gets a generated name.
+    """
 
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
+    id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class PublishLifecycleEvent:
     """Publish ``event`` on ``respawn.lifecycle.<namespace>.<name>``.
 
-    ``msg_id`` is deterministic (AppWrapper uid, event type, attempt, phase), so that a plan
-    carried out twice, e.g. by a replacement instance after a crash, publishes once.
+    ``msg_id`` is deterministic (AppWrapper uid, event type, attempt, phase and the transition's
+    time as the status records it), so that a copy re-sent after a crash, by this or another
+    instance, is dropped by JetStream's de-duplication.
     """
 
     event: LifecycleEvent
@@ -139,6 +152,9 @@ class CreateOutcome:
     name: str = ""
     controlled_by_us: bool = True
     message: str = ""
+    # The uid of the object, when it is ours (created, or found existing under our controller
+    # owner reference): what a later delete of it carries as its precondition.
+    uid: str = ""
 
     @property
     def fatal(self) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from shared.appwrapper.constants import ConditionStatus
 from shared.kubetime import as_utc, format_kube_time, parse_kube_time
@@ -24,12 +24,27 @@ __all__ = [
     "condition_status",
     "find_condition",
     "is_true",
+    "parse_time",
     "set_condition",
     "transition_time",
     "truncate",
 ]
 
 Conditions = list[dict[str, Any]]
+
+
+# Deadlines are computed by adding up to a day or so to a transition time; a time written by hand
+# near the end of the calendar (year 9999) would make that addition overflow. Such a time is read
+# as unreadable instead (its clock then starts once, now).
+_LAST_YEAR: Final = 9000
+
+
+def parse_time(value: Any) -> datetime | None:
+    """A condition's time, None when absent, unreadable or beyond any plausible date."""
+    parsed = parse_kube_time(value)
+    if parsed is None or parsed.year >= _LAST_YEAR:
+        return None
+    return parsed
 
 
 def truncate(value: datetime) -> datetime:
@@ -67,7 +82,7 @@ def is_true(conditions: Sequence[Any] | None, ctype: str) -> bool:
 def transition_time(conditions: Sequence[Any] | None, ctype: str) -> datetime | None:
     """When the condition of type ``ctype`` last changed status, or None when absent or unreadable."""
     cond = find_condition(conditions, ctype)
-    return None if cond is None else parse_kube_time(cond.get("lastTransitionTime"))
+    return None if cond is None else parse_time(cond.get("lastTransitionTime"))
 
 
 def set_condition(
@@ -95,7 +110,7 @@ def set_condition(
         entry = copy.deepcopy(dict(cond))
         if entry.get("type") == ctype and not found:
             found = True
-            if entry.get("status") != status or parse_kube_time(entry.get("lastTransitionTime")) is None:
+            if entry.get("status") != status or parse_time(entry.get("lastTransitionTime")) is None:
                 entry["lastTransitionTime"] = at
             entry["status"] = status
             entry["reason"] = reason

@@ -6,10 +6,13 @@ One call is one step; the caller repeats it (on observations or at ``requeue_at`
 1. ``DeletingResources`` becomes True (reason ``DeletionInitiated``); its transition time starts
    the forceful-deletion clock, so a restarted instance continues the same clock.
 2. Every component still present is deleted with Background propagation, letting its own
-   controller cascade the deletion to its pods. Once no component is left, labelled pods not
-   yet terminating are deleted too, with their own grace period (a Respawn addition: the
-   garbage collector would get to them, one after another, but a large reset waits for the
-   last one).
+   controller cascade the deletion to its pods. Only an object confirmed to be this
+   AppWrapper's (seen with its controller owner reference, or created by us) is deleted, and the
+   delete carries its uid as a precondition: an object of the same name owned by someone else
+   is never touched, and neither is one that could not be read (it is waited for instead).
+   Once no component is left, labelled pods not yet terminating are deleted too, with their
+   own grace period (a Respawn addition: the garbage collector would get to them, one after
+   another, but a large reset waits for the last one).
 3. Once ``ForcefulDeletionGracePeriod`` has passed with anything left: every remaining labelled
    pod is deleted with grace period 0, and only when no pod is left, the remaining components
    are deleted with grace period 0. Pods go first because a component's controller could
@@ -66,6 +69,9 @@ class DeletionStep:
     escalated: bool = False
     # What was left when escalating, for events.
     summary: str = ""
+    # Components found under their recorded name but controlled by someone else: left alone
+    # (and no reason to wait for them), reported to the AppWrapper's owner.
+    foreign: tuple[int, ...] = ()
 
 
 def _component_name(entry: Mapping[str, Any], observed_name: str) -> str:
@@ -74,7 +80,7 @@ def _component_name(entry: Mapping[str, Any], observed_name: str) -> str:
 
 
 def _delete(
-    index: int, entry: Mapping[str, Any], namespace: str, name: str, *, force: bool
+    index: int, entry: Mapping[str, Any], namespace: str, name: str, uid: str, *, force: bool
 ) -> DeleteComponent:
     return DeleteComponent(
         index=index,
@@ -83,6 +89,7 @@ def _delete(
         namespace=namespace,
         name=name,
         force=force,
+        uid=uid,
     )
 
 
@@ -115,7 +122,9 @@ def staged_deletion(
     raw_entries = status.get("componentStatus")
     entries = [copy.deepcopy(dict(e)) if isinstance(e, Mapping) else {} for e in (raw_entries or [])]
     actions: list[Action] = []
-    remaining: list[tuple[int, Mapping[str, Any], str]] = []
+    # (index, status entry, name, confirmed ours, its uid)
+    remaining: list[tuple[int, Mapping[str, Any], str, bool, str]] = []
+    foreign: list[int] = []
     for index, entry in enumerate(entries):
         seen = observed.component(index)
         name = _component_name(entry, seen.name)
@@ -141,21 +150,33 @@ def staged_deletion(
         if seen.presence in (Presence.PRESENT, Presence.DELETING) and not seen.controlled_by_us:
             # An object of that name owned by someone else (our create found it there): never
             # ours to delete, and no reason to wait for it.
+            foreign.append(index)
             continue
-        present = seen.presence in (Presence.PRESENT, Presence.DELETING) or recorded
+        # Ours for certain: read with our controller owner reference, or (not read this pass)
+        # known by the uid an earlier read or our create confirmed.
+        confirmed = seen.presence in (Presence.PRESENT, Presence.DELETING) or (
+            seen.presence is Presence.UNKNOWN and bool(seen.uid) and seen.controlled_by_us
+        )
+        present = confirmed or recorded
         if not present or not name:
             # Never created, or created under a generated name we never learned: nothing to delete.
             continue
-        remaining.append((index, entry, name))
-        if seen.presence is not Presence.DELETING:
-            actions.append(_delete(index, entry, namespace, name, force=False))
+        uid = seen.uid if confirmed else ""
+        remaining.append((index, entry, name, confirmed, uid))
+        # An object that may exist but was not confirmed ours (its read failed) is waited for,
+        # never deleted blindly: deleting by name could remove another team's object.
+        if confirmed and seen.presence is not Presence.DELETING:
+            actions.append(_delete(index, entry, namespace, name, uid, force=False))
 
     poll = now + DELETION_POLL
+    seen_foreign = tuple(foreign)
     if remaining and not expired:
-        return DeletionStep(False, list(conditions), entries, tuple(actions), min(deadline, poll))
+        return DeletionStep(
+            False, list(conditions), entries, tuple(actions), min(deadline, poll), foreign=seen_foreign
+        )
     if observed.pods is None:
         # Not listed: completion cannot be declared, and forcing needs names.
-        return DeletionStep(False, list(conditions), entries, tuple(actions), poll)
+        return DeletionStep(False, list(conditions), entries, tuple(actions), poll, foreign=seen_foreign)
     pods = observed.pods
     if not remaining and not pods:
         conditions = clear_condition(
@@ -166,7 +187,7 @@ def staged_deletion(
             now=now,
             observed_generation=observed_generation,
         )
-        return DeletionStep(True, list(conditions), entries, tuple(actions), None)
+        return DeletionStep(True, list(conditions), entries, tuple(actions), None, foreign=seen_foreign)
     if not expired:
         # Components are gone but their pods are still there. Delete those not yet terminating
         # ourselves (with their own grace period) instead of waiting for the garbage collector
@@ -174,12 +195,18 @@ def staged_deletion(
         leftover = tuple(p.name for p in pods if not p.terminating)
         if not remaining and leftover:
             actions.append(DeletePods(namespace=namespace, names=leftover))
-        return DeletionStep(False, list(conditions), entries, tuple(actions), min(deadline, poll))
+        return DeletionStep(
+            False, list(conditions), entries, tuple(actions), min(deadline, poll), foreign=seen_foreign
+        )
 
     if pods:
         actions.append(DeletePods(namespace=namespace, names=tuple(p.name for p in pods), force=True))
     else:
-        actions.extend(_delete(index, entry, namespace, name, force=True) for index, entry, name in remaining)
+        actions.extend(
+            _delete(index, entry, namespace, name, uid, force=True)
+            for index, entry, name, confirmed, uid in remaining
+            if confirmed
+        )
     current = find_condition(conditions, ConditionType.DELETING_RESOURCES) or {}
     escalated = not str(current.get("message", "")).startswith(FORCEFUL_MESSAGE_PREFIX)
     stuck = sum(1 for p in pods if p.terminating)
@@ -197,4 +224,6 @@ def staged_deletion(
             now=now,
             observed_generation=observed_generation,
         )
-    return DeletionStep(False, list(conditions), entries, tuple(actions), poll, escalated, summary)
+    return DeletionStep(
+        False, list(conditions), entries, tuple(actions), poll, escalated, summary, seen_foreign
+    )

@@ -5,6 +5,17 @@ status written (a conflict propagates as a :class:`KubeApiError`, and nothing el
 is done), deletes, the other actions in order, finalizer removed. Nothing here decides anything
 the plan did not say; the only judgement left is what a failed call means for the call itself
 (a NotFound delete is success, a failed Event is not a reason to stop).
+
+Guards that hold whatever the plan says:
+
+- a component is only ever deleted with the uid of an object confirmed to be this AppWrapper's as
+  a precondition; a delete without one is refused (and counted);
+- Events with an id are created under a name derived from it, so a second copy is refused by the
+  API server (AlreadyExists) rather than recorded twice; announcements report whether they were
+  all delivered, so that the caller records them as sent only then.
+
+Every response carrying a time the API server wrote (a created object's creationTimestamp, a
+status write's managedFields) is a sample for the :class:`ServerClock`.
 """
 
 from __future__ import annotations
@@ -12,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, assert_never
 
@@ -30,22 +42,25 @@ from services.lifecycle.actions import (
     LifecycleEventType,
     PublishLifecycleEvent,
 )
+from services.lifecycle.announcements import event_name
 from services.lifecycle.machine import FinalizerChange, Plan
 from services.lifecycle.observed import Observed, ObservedComponent, controller_uid
 from services.lifecycle.placement.exclusion import excluded_nodes_patch
+from services.lifecycle.serverclock import ServerClock
 from shared import metrics, subjects
-from shared.appwrapper.constants import FINALIZER
+from shared.appwrapper.constants import ANNOUNCED_ANNOTATION, FINALIZER
 from shared.kube import KubeApiError, ResourceRef
-from shared.kubetime import utcnow
+from shared.kubetime import format_kube_time, parse_kube_time
 from shared.messages import Message, Verdict
 
-__all__ = ["COMPONENT", "Executor", "KubeWrites", "Publisher"]
+__all__ = ["COMPONENT", "EVENTS", "Carried", "Executor", "KubeWrites", "Publisher"]
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("respawn.lifecycle")
 
 # The source of the Kubernetes Events lifecycle records.
 COMPONENT = "respawn-lifecycle"
+EVENTS = ResourceRef(group="", version="v1", plural="events", kind="Event", namespaced=True)
 
 PHASES = metrics.counter("respawn_lifecycle_phase_transitions", "Phase transitions", ["phase"])
 RESETS = metrics.counter("respawn_lifecycle_resets", "Resets started, by cause", ["reason"])
@@ -55,6 +70,15 @@ ESCALATIONS = metrics.counter(
 UNHEALTHY_TO_RESET = metrics.histogram(
     "respawn_lifecycle_unhealthy_to_reset_seconds",
     "From the first unhealthy observation to the reset's status write",
+)
+REFUSED_DELETES = metrics.counter(
+    "respawn_lifecycle_deletes_refused",
+    "Component deletes not made: no object confirmed to be the AppWrapper's (no uid to guard them)",
+)
+ANNOUNCEMENTS = metrics.counter(
+    "respawn_lifecycle_announcements",
+    "Announcements sent, by kind (event, message) and outcome (sent, duplicate, failed)",
+    ["kind", "outcome"],
 )
 
 _DELETES = (DeleteComponent, DeletePods)
@@ -68,7 +92,12 @@ class KubeWrites(Protocol):
     async def get(self, ref: ResourceRef, name: str, namespace: str | None = None) -> dict[str, Any]: ...
 
     async def create(
-        self, ref: ResourceRef, body: Mapping[str, Any], namespace: str | None = None
+        self,
+        ref: ResourceRef,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        dry_run: bool = False,
     ) -> dict[str, Any]: ...
 
     async def replace(self, ref: ResourceRef, body: Mapping[str, Any]) -> dict[str, Any]: ...
@@ -113,6 +142,18 @@ class Publisher(Protocol):
     async def publish(self, subject: str, message: Message, *, msg_id: str | None) -> Any: ...
 
 
+@dataclass(slots=True)
+class Carried:
+    """How carrying out a plan went."""
+
+    # The outcome of each CreateComponent, by component index.
+    outcomes: dict[int, CreateOutcome] = field(default_factory=dict)
+    # Whether every announcement of the plan was delivered (only then may it be recorded as sent).
+    announced: bool = True
+    # The AppWrapper as the last write returned it (or as given, when nothing was written).
+    aw: dict[str, Any] = field(default_factory=dict)
+
+
 class Executor:
     def __init__(
         self,
@@ -121,13 +162,15 @@ class Executor:
         *,
         appwrappers: ResourceRef,
         pods: ResourceRef,
-        clock: Callable[[], datetime] = utcnow,
+        clock: ServerClock | None = None,
     ) -> None:
+        """``clock``: the server's time (times written into Events; sampled from responses)."""
         self.kube = kube
         self.bus = bus
         self.appwrappers = appwrappers
         self.pods = pods
-        self.clock = clock
+        self.server_clock = clock if clock is not None else ServerClock()
+        self.clock = self.server_clock.now
 
     async def carry_out(
         self,
@@ -136,8 +179,9 @@ class Executor:
         observed: Observed | None = None,
         *,
         verdict: Verdict | None = None,
-    ) -> dict[int, CreateOutcome]:
-        """Carry out ``plan``; returns the outcome of each CreateComponent by component index.
+    ) -> Carried:
+        """Carry out ``plan``: the outcome of each CreateComponent by component index, and
+        whether its announcements were all delivered.
 
         ``observed`` is what the plan was computed from: deletes name the objects seen there.
         ``verdict`` is the one the plan applied (for the unhealthy-to-reset metric).
@@ -166,6 +210,7 @@ class Executor:
                 body["metadata"] = {**aw["metadata"], "resourceVersion": resource_version}
                 t_write = time.perf_counter()
                 aw = await self.kube.replace_status(self.appwrappers, body)
+                self.server_clock.written_before(_status_written_at(aw), self.server_clock.local())
                 log.debug(
                     "%s/%s status written in %.0f ms",
                     meta.get("namespace"),
@@ -173,7 +218,8 @@ class Executor:
                     (time.perf_counter() - t_write) * 1000,
                 )
             self.record_transition(plan, verdict)
-        outcomes: dict[int, CreateOutcome] = {}
+        carried = Carried(aw=aw)
+        outcomes = carried.outcomes
         # Deletes first (in their planned order: pods before components when forceful): they are
         # what a reset waits for, while events and announcements only describe it.
         for delete in [a for a in plan.actions if isinstance(a, _DELETES)]:
@@ -194,11 +240,169 @@ class Executor:
                     "lifecycle.create_component", attributes={"component": action.index}
                 ):
                     outcomes[action.index] = await self.create(action, meta.get("uid", ""))
+            elif isinstance(action, EmitEvent | PublishLifecycleEvent):
+                carried.announced = await self.announce_one(aw, action) and carried.announced
             else:
                 await self.act(aw, action, observed)
         if plan.finalizer is FinalizerChange.REMOVE:
             await self.remove_finalizer(meta["name"], meta.get("namespace"), aw["metadata"])
-        return outcomes
+        return carried
+
+    async def announce(self, aw: Mapping[str, Any], actions: Sequence[Action]) -> bool:
+        """Send announcements (e.g. those owed after a crash); whether all were delivered."""
+        delivered = True
+        for action in actions:
+            if isinstance(action, EmitEvent | PublishLifecycleEvent):
+                delivered = await self.announce_one(aw, action) and delivered
+        return delivered
+
+    async def announce_one(self, aw: Mapping[str, Any], action: EmitEvent | PublishLifecycleEvent) -> bool:
+        """One announcement; whether it was delivered (a copy refused as a duplicate was).
+
+        A failure is logged, never raised: the workload's progress does not wait for its
+        announcements, which a later pass re-sends (the caller does not record them as sent).
+        """
+        meta = aw["metadata"]
+        if isinstance(action, PublishLifecycleEvent):
+            event = action.event
+            try:
+                published = await self.bus.publish(
+                    subjects.lifecycle_event(event.ref.namespace, event.ref.name), event, msg_id=action.msg_id
+                )
+            except Exception as exc:  # the bus retried for a while already; a later pass re-sends
+                ANNOUNCEMENTS.labels(kind="message", outcome="failed").inc()
+                log.warning(
+                    "publishing %s of %s/%s failed (it will be re-sent): %s",
+                    event.event,
+                    event.ref.namespace,
+                    event.ref.name,
+                    exc,
+                )
+                return False
+            duplicate = bool(getattr(published, "duplicate", False))
+            ANNOUNCEMENTS.labels(kind="message", outcome="duplicate" if duplicate else "sent").inc()
+            log.info(
+                "%s/%s %s %s%s%s",
+                event.ref.namespace,
+                event.ref.name,
+                event.event,
+                event.phase,
+                f" ({event.reason}: {event.message})" if event.reason else "",
+                " (a copy: dropped as a duplicate)" if duplicate else "",
+            )
+            return True
+        try:
+            if action.id:
+                await self.create_event(aw, action)
+            else:
+                await self.kube.create_event(
+                    aw,
+                    type_=action.type,
+                    reason=action.reason,
+                    message=action.message,
+                    component=COMPONENT,
+                    now_iso=format_kube_time(self.clock()),
+                )
+        except KubeApiError as exc:
+            if exc.already_exists:
+                ANNOUNCEMENTS.labels(kind="event", outcome="duplicate").inc()
+                return True
+            ANNOUNCEMENTS.labels(kind="event", outcome="failed").inc()
+            log.warning(
+                "recording event %s on %s/%s failed: %s",
+                action.reason,
+                meta.get("namespace"),
+                meta["name"],
+                exc,
+            )
+            return False
+        ANNOUNCEMENTS.labels(kind="event", outcome="sent").inc()
+        return True
+
+    async def create_event(self, aw: Mapping[str, Any], action: EmitEvent) -> None:
+        """A core/v1 Event on ``aw`` named after ``action.id`` (AlreadyExists: a copy)."""
+        meta = aw["metadata"]
+        namespace = meta.get("namespace") or "default"
+        now = format_kube_time(self.clock())
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": event_name(meta["name"], action.id), "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": aw.get("apiVersion", ""),
+                "kind": aw.get("kind", ""),
+                "name": meta["name"],
+                "namespace": namespace,
+                "uid": meta.get("uid", ""),
+                "resourceVersion": meta.get("resourceVersion", ""),
+            },
+            "type": action.type,
+            "reason": action.reason,
+            "message": action.message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        sent = self.server_clock.local()
+        created = await self.kube.create(EVENTS, body, namespace)
+        self.server_clock.created(
+            parse_kube_time((created.get("metadata") or {}).get("creationTimestamp")),
+            sent,
+            self.server_clock.local(),
+        )
+
+    async def record_announced(self, aw: Mapping[str, Any], marker: str) -> bool:
+        """Record ``marker`` as the announced transition (``respawn.dev/announced``).
+
+        A merge patch without a precondition: it touches only that annotation, and a value
+        overwritten by a slower replica with an older transition only makes the next pass re-send
+        that transition's announcements, which their ids make harmless.
+        """
+        meta = aw["metadata"]
+        try:
+            await self.kube.patch(
+                self.appwrappers,
+                meta["name"],
+                {"metadata": {"annotations": {ANNOUNCED_ANNOTATION: marker}}},
+                meta.get("namespace"),
+            )
+        except KubeApiError as exc:
+            if not exc.not_found:
+                log.warning(
+                    "recording the announced transition of %s/%s failed (re-sent later): %s",
+                    meta.get("namespace"),
+                    meta["name"],
+                    exc,
+                )
+            return False
+        return True
+
+    async def sync_clock(self) -> None:
+        """Sample the server's clock with a dry-run create (the server sets the creationTimestamp
+        of an object it would create; nothing is stored)."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": "respawn-lifecycle-clock.", "namespace": "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Namespace", "name": "default"},
+            "type": "Normal",
+            "reason": "ClockProbe",
+            "message": "dry run: never stored",
+            "source": {"component": COMPONENT},
+        }
+        sent = self.server_clock.local()
+        try:
+            probe = await self.kube.create(EVENTS, body, "default", dry_run=True)
+        except KubeApiError as exc:
+            log.warning("sampling the API server's clock failed: %s", exc)
+            return
+        self.server_clock.created(
+            parse_kube_time((probe.get("metadata") or {}).get("creationTimestamp")),
+            sent,
+            self.server_clock.local(),
+        )
 
     def record_transition(self, plan: Plan, verdict: Verdict | None) -> None:
         """The metrics of a status write: count what the plan announces."""
@@ -255,43 +459,33 @@ class Executor:
                     meta["name"],
                     ", ".join(action.nodes),
                 )
-            case EmitEvent():
-                try:
-                    await self.kube.create_event(
-                        aw,
-                        type_=action.type,
-                        reason=action.reason,
-                        message=action.message,
-                        component=COMPONENT,
-                        now_iso=self.clock().strftime("%Y-%m-%dT%H:%M:%SZ"),
-                    )
-                except KubeApiError as exc:  # events are best effort, never a reason to stop
-                    log.warning(
-                        "recording event %s on %s/%s failed: %s", action.reason, namespace, meta["name"], exc
-                    )
-            case PublishLifecycleEvent():
-                event = action.event
-                await self.bus.publish(
-                    subjects.lifecycle_event(event.ref.namespace, event.ref.name), event, msg_id=action.msg_id
-                )
-                log.info(
-                    "%s/%s %s %s%s",
-                    event.ref.namespace,
-                    event.ref.name,
-                    event.event,
-                    event.phase,
-                    f" ({event.reason}: {event.message})" if event.reason else "",
-                )
+            case EmitEvent() | PublishLifecycleEvent():
+                # Events are best effort, never a reason to stop; see announce_one.
+                await self.announce_one(aw, action)
             case CreateComponent():
                 raise TypeError("a CreateComponent has an outcome: carry it out with create()")
             case _:
                 assert_never(action)
 
     async def delete_component(self, action: DeleteComponent, observed: Observed | None) -> None:
-        """Delete a wrapped resource, with the uid seen in ``observed`` under that name as a
-        precondition; grace period 0 when ``action.force``. NotFound is success."""
+        """Delete a wrapped resource confirmed to be this AppWrapper's: with its uid (the
+        action's, or the one seen in ``observed`` under that name with our controller owner
+        reference) as a precondition; grace period 0 when ``action.force``. NotFound is success.
+
+        Without a uid the delete is refused: by name alone it could remove an object of that name
+        that is not ours (another team's, or a namesake created since the plan was computed).
+        """
         seen = observed.component(action.index) if observed is not None else ObservedComponent()
-        uid = seen.uid if seen.name == action.name else ""
+        uid = action.uid or (seen.uid if seen.name == action.name and seen.controlled_by_us else "")
+        if not uid:
+            REFUSED_DELETES.inc()
+            log.warning(
+                "not deleting %s %s/%s: no object of that name is confirmed to be this AppWrapper's",
+                action.kind,
+                action.namespace,
+                action.name,
+            )
+            return
         span = "lifecycle.force_delete_component" if action.force else "lifecycle.delete_component"
         with tracer.start_as_current_span(span, attributes={"component": action.index}):
             try:
@@ -301,7 +495,7 @@ class Executor:
                     action.name,
                     action.namespace if ref.namespaced else None,
                     grace_period_seconds=0 if action.force else None,
-                    uid=uid or None,
+                    uid=uid,
                 )
             except KubeApiError as exc:
                 if not exc.not_found:
@@ -348,8 +542,15 @@ class Executor:
                 return CreateOutcome(CreateResult.NO_MATCH, message=exc.message)
             return CreateOutcome(CreateResult.ERROR, message=exc.message)
         try:
+            sent = self.server_clock.local()
             created = await self.kube.create(ref, body, namespace if ref.namespaced else None)
-            return CreateOutcome(CreateResult.CREATED, name=created["metadata"]["name"])
+            created_meta = created["metadata"]
+            self.server_clock.created(
+                parse_kube_time(created_meta.get("creationTimestamp")), sent, self.server_clock.local()
+            )
+            return CreateOutcome(
+                CreateResult.CREATED, name=created_meta["name"], uid=str(created_meta.get("uid") or "")
+            )
         except KubeApiError as exc:
             if exc.already_exists:
                 name = str((body.get("metadata") or {}).get("name") or "")
@@ -357,9 +558,13 @@ class Executor:
                     existing = await self.kube.get(ref, name, namespace if ref.namespaced else None)
                 except KubeApiError as get_exc:
                     return CreateOutcome(CreateResult.ERROR, name=name, message=get_exc.message)
-                ours = controller_uid(existing) == aw_uid
+                ours = bool(aw_uid) and controller_uid(existing) == aw_uid
                 return CreateOutcome(
-                    CreateResult.ALREADY_EXISTS, name=name, controlled_by_us=ours, message=exc.message
+                    CreateResult.ALREADY_EXISTS,
+                    name=name,
+                    controlled_by_us=ours,
+                    message=exc.message,
+                    uid=str((existing.get("metadata") or {}).get("uid") or "") if ours else "",
                 )
             if exc.invalid:
                 return CreateOutcome(CreateResult.INVALID, message=exc.message)
@@ -407,3 +612,14 @@ class Executor:
             # Gone already: another replica removed the finalizer first, which is the goal.
             if not exc.not_found:
                 raise
+
+
+def _status_written_at(aw: Mapping[str, Any]) -> datetime | None:
+    """The newest managedFields time of a status write in ``aw`` (the server's clock)."""
+    newest: datetime | None = None
+    for entry in (aw.get("metadata") or {}).get("managedFields") or []:
+        if isinstance(entry, Mapping) and entry.get("subresource") == "status":
+            when = parse_kube_time(entry.get("time"))
+            if when is not None and (newest is None or when > newest):
+                newest = when
+    return newest

@@ -21,7 +21,10 @@ A plan is carried out in this order (see docs/lifecycle.md):
 5. ack or keep the verdict as ``verdict_use`` says; reconcile again at ``requeue_at``.
 
 Events (Kubernetes and lifecycle stream) are only ever part of a plan that changes the status, so
-whichever instance wins the status write is the one that announces the change, exactly once.
+whichever instance wins the status write is the one that announces the change. Their ids are a
+function of the transition the new status records (:mod:`services.lifecycle.announcements`), so
+a copy re-sent after a crash between the status write and the announcements (derived from the
+status by :func:`services.lifecycle.announcements.owed`) is dropped wherever the original went.
 
 Within one call the machine runs phase after phase until it has to wait (for the API, for
 observations or for a deadline): e.g. an Unhealthy verdict in Running yields, in one plan, the
@@ -35,12 +38,14 @@ resync must reconcile because they have work or a clock pending.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final, Literal
 
+from services.lifecycle import announcements
 from services.lifecycle.actions import (
     Action,
     CreateComponent,
@@ -48,6 +53,7 @@ from services.lifecycle.actions import (
     LifecycleEventType,
     PublishLifecycleEvent,
 )
+from services.lifecycle.announcements import FORCEFUL_DELETION_EVENT
 from services.lifecycle.conditions import (
     clear_condition,
     condition_status,
@@ -57,11 +63,23 @@ from services.lifecycle.conditions import (
     truncate,
 )
 from services.lifecycle.deletion import staged_deletion
-from services.lifecycle.observed import Observed, Presence
+from services.lifecycle.observed import Observed, ObservedComponent, Presence
 from services.lifecycle.placement.exclusion import exclude_on_reset
-from services.lifecycle.templating import PodTemplateHook, TemplateError, render_component
-from services.lifecycle.verdicts import VerdictRelation, VerdictUse, resetting_count, verdict_relation
+from services.lifecycle.templating import (
+    PodTemplateHook,
+    TemplateError,
+    component_identity,
+    render_component,
+)
+from services.lifecycle.verdicts import (
+    VerdictRelation,
+    VerdictUse,
+    attempt_start,
+    resetting_count,
+    verdict_relation,
+)
 from shared.appwrapper.constants import (
+    COMPONENT_ANNOTATION,
     CONTROLLER_NAME,
     FINALIZER,
     MSG_KUEUE_FORCED_DELETION,
@@ -87,7 +105,15 @@ from shared.faulttolerance import FaultTolerance
 from shared.kubetime import as_utc, format_kube_time
 from shared.messages import LifecycleEvent, ObjectRef, Verdict
 
-__all__ = ["CREATE_RETRY_INTERVAL", "FinalizerChange", "Plan", "needs_attention", "reconcile"]
+__all__ = [
+    "COMPONENT_NOT_CONTROLLED_EVENT",
+    "CREATE_RETRY_INTERVAL",
+    "FORCEFUL_DELETION_EVENT",
+    "FinalizerChange",
+    "Plan",
+    "needs_attention",
+    "reconcile",
+]
 
 # How soon a create that failed with a retryable error is tried again (upstream: 1 s), while
 # the admission grace period lasts.
@@ -97,8 +123,9 @@ CREATE_RETRY_INTERVAL: Final = timedelta(seconds=1)
 # guard against a bug turning into a busy loop, not a limit on behaviour.
 _MAX_STEPS: Final = 8
 
-# Reason of the Kubernetes event recorded when deletion escalates to grace period 0.
-FORCEFUL_DELETION_EVENT: Final = "ForcefulDeletion"
+# Reason of the Warning Event that tells the AppWrapper's owner a component's name is taken by
+# an object someone else controls, which lifecycle leaves alone (never deletes).
+COMPONENT_NOT_CONTROLLED_EVENT: Final = "ComponentNotControlled"
 
 
 class FinalizerChange(StrEnum):
@@ -151,16 +178,21 @@ def reconcile(
     return _Reconciliation(aw, observed, verdict, params, as_utc(now), tuple(hooks), exclusion).run()
 
 
-def needs_attention(aw: Mapping[str, Any]) -> bool:
-    """Whether the periodic resync should reconcile ``aw``: it has work or a clock pending.
+def needs_attention(aw: Mapping[str, Any], now: datetime | None = None) -> bool:
+    """Whether the periodic resync should reconcile ``aw``: it has work or a clock pending, or
+    announcements owed (a process died between the status write and them).
 
     Running workloads are driven by verdicts and observations; finished ones only while they
     still hold resources or quota (deletion, success TTL, deletion-on-failure grace); every
-    other phase is on its way somewhere.
+    other phase is on its way somewhere. ``now`` lets an AppWrapper without the announcement
+    record count as owing its announcements while its status is recent (see
+    :func:`services.lifecycle.announcements.pending`).
     """
     meta = _mapping(aw.get("metadata"))
     status = _mapping(aw.get("status"))
     if meta.get("deletionTimestamp"):
+        return True
+    if announcements.pending(aw, now):
         return True
     raw_conditions = status.get("conditions")
     conditions = raw_conditions if isinstance(raw_conditions, list) else []
@@ -219,10 +251,17 @@ class _Reconciliation:
         finalizers = self.meta.get("finalizers")
         self.has_finalizer = isinstance(finalizers, list) and FINALIZER in finalizers
         self.actions: list[Action] = []
+        # Events that need a discriminator in their id, by identity (see _event).
+        self.event_suffix: dict[int, str] = {}
         self.finalizer: FinalizerChange | None = None
         self.requeues: list[datetime] = []
         self.verdict_use: VerdictUse | None = None
         self.start_phase = self.phase
+        # A new attempt began within this call (Suspended or Resetting -> Resuming): what was
+        # observed and created before the call belongs to an earlier attempt.
+        self.new_attempt = False
+        # A reset began within this call (see _resetting).
+        self.reset_started = False
 
     # ------------------------------------------------------------------ driver
 
@@ -266,6 +305,8 @@ class _Reconciliation:
         if not changed:
             # Announcements only ever travel with the status change they describe (see module doc).
             self.actions = [a for a in self.actions if not isinstance(a, EmitEvent | PublishLifecycleEvent)]
+        else:
+            self.actions = self._with_ids(self.actions)
         return Plan(
             status=copy.deepcopy(self.status) if changed else None,
             resource_version=self._resource_version(),
@@ -275,6 +316,36 @@ class _Reconciliation:
             verdict_use=self._final_verdict_use(),
             phase=self.phase,
         )
+
+    def _with_ids(self, actions: Sequence[Action]) -> list[Action]:
+        """The announcements with their ids: functions of the transition the new status records,
+        exactly as :func:`services.lifecycle.announcements.owed` re-derives them from it."""
+        transition = announcements.transition_of({"metadata": self.meta, "status": self.status})
+        if transition is None:  # pragma: no cover - every announced phase has a transition
+            now = format_kube_time(self.now)
+            transition = announcements.Transition(self.phase, resetting_count(self.status), now, now)
+        ref = self._ref()
+        seen: dict[str, int] = {}
+        out: list[Action] = []
+        for action in actions:
+            if isinstance(action, PublishLifecycleEvent):
+                event = action.event
+                forceful = event.event == LifecycleEventType.DELETION_FORCEFUL and transition.forceful
+                stamp = transition.forceful if forceful else transition.stamp
+                msg_id = announcements.msg_id(ref, event.event, transition.count, event.phase, stamp)
+                action = dataclasses.replace(action, msg_id=msg_id)
+            elif isinstance(action, EmitEvent):
+                forceful = action.reason == FORCEFUL_DELETION_EVENT and transition.forceful
+                key = transition.forceful_key if forceful else transition.key
+                event_id = announcements.event_id(
+                    ref, key, action.reason, self.event_suffix.get(id(action), "")
+                )
+                # Two Events of one reason in one plan (not expected) must not share a name.
+                repeat = seen.get(event_id, 0)
+                seen[event_id] = repeat + 1
+                action = dataclasses.replace(action, id=f"{event_id}#{repeat + 1}" if repeat else event_id)
+            out.append(action)
+        return out
 
     def _final_verdict_use(self) -> VerdictUse:
         if self.verdict is None:
@@ -352,8 +423,15 @@ class _Reconciliation:
             uid=str(self.meta.get("uid", "")),
         )
 
-    def _event(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
-        self.actions.append(EmitEvent(type=type_, reason=reason, message=message))
+    def _event(
+        self, type_: Literal["Normal", "Warning"], reason: str, message: str, *, suffix: str = ""
+    ) -> None:
+        """Record an Event (its id is given in :meth:`_with_ids`; ``suffix`` tells apart Events of
+        one reason within one transition, e.g. one per component)."""
+        event = EmitEvent(type=type_, reason=reason, message=message)
+        if suffix:
+            self.event_suffix[id(event)] = suffix
+        self.actions.append(event)
 
     def _announce(
         self,
@@ -366,8 +444,6 @@ class _Reconciliation:
     ) -> None:
         count = resetting_count(self.status)
         ref = self._ref()
-        who = ref.uid or f"{ref.namespace}/{ref.name}"
-        msg_id = f"{who}/{event}/{count}/{self.phase}/{format_kube_time(self.now)}"
         self.actions.append(
             PublishLifecycleEvent(
                 event=LifecycleEvent(
@@ -381,7 +457,8 @@ class _Reconciliation:
                     nodes=nodes,
                     at=self.now,
                 ),
-                msg_id=msg_id,
+                # Given in _with_ids, from the transition the plan's final status records.
+                msg_id="",
             )
         )
 
@@ -466,6 +543,17 @@ class _Reconciliation:
         self.actions.extend(step.actions)
         if step.requeue_at is not None:
             self._requeue(step.requeue_at)
+        entries = self.status.get("componentStatus")
+        for index in step.foreign:
+            entry = _mapping(entries[index]) if isinstance(entries, list) and index < len(entries) else {}
+            name = entry.get("name") or self.observed.component(index).name
+            self._event(
+                "Warning",
+                COMPONENT_NOT_CONTROLLED_EVENT,
+                f"{entry.get('kind', 'component')} {name} exists, but is not controlled by this AppWrapper: "
+                "it is left in place, not deleted",
+                suffix=str(index),
+            )
         if step.escalated:
             self._event("Warning", FORCEFUL_DELETION_EVENT, f"Deleting with grace period 0: {step.summary}")
             self._announce(
@@ -523,6 +611,7 @@ class _Reconciliation:
             self._fail(reason, f"{reason}: {message}; {why}" if message else f"{reason}; {why}", nodes)
             return
         self.status["resettingCount"] = count + increment
+        self.reset_started = True
         if increment:
             detail = f"reset {count + increment} of at most {limit}"
         else:
@@ -585,6 +674,7 @@ class _Reconciliation:
         self._set(ConditionType.RESOURCES_DEPLOYED, ConditionStatus.TRUE, Reason.RESUMING, MSG_SUSPEND_FALSE)
         self._set(ConditionType.PODS_READY, ConditionStatus.FALSE, Reason.RESUMING, MSG_SUSPEND_FALSE)
         self._set(ConditionType.UNHEALTHY, ConditionStatus.FALSE, Reason.RESUMING, MSG_SUSPEND_FALSE)
+        self.new_attempt = True
         self._transition(Phase.RESUMING, f"{MSG_SUSPEND_FALSE}; creating {len(self.components)} components")
         return True
 
@@ -599,17 +689,21 @@ class _Reconciliation:
         else:
             early = ""
         # Outcomes belong to the creates of the previous plan, which was made in Resuming; after
-        # a reset within this call they would describe an earlier attempt.
-        outcomes = self.observed.created if self.start_phase == Phase.RESUMING else {}
+        # a reset within this call they would describe an earlier attempt, and so would what
+        # was observed.
+        current_attempt = self.start_phase == Phase.RESUMING and not self.new_attempt
+        outcomes = self.observed.created if current_attempt else {}
         fatal: list[str] = [early] if early else []
         errors: list[str] = []
         creates: list[CreateComponent] = []
+        uid = str(self.meta.get("uid", ""))
+        started = attempt_start(self.status)
         for index, entry in enumerate(entries[: len(self.components)]):
             conditions = entry.get("conditions") or []
             current = condition_status(conditions, ConditionType.RESOURCES_DEPLOYED)
             if current == ConditionStatus.TRUE:
                 continue
-            seen = self.observed.component(index)
+            seen = self.observed.component(index) if current_attempt else ObservedComponent()
             described = f"{entry.get('kind', '?')} {entry.get('name') or seen.name or '<generated>'}"
             outcome = outcomes.get(index)
             if outcome is not None:
@@ -625,18 +719,33 @@ class _Reconciliation:
                 self._set_component(entry, ConditionStatus.FALSE, ComponentReason.CREATION_ERRORED, text)
                 (fatal if outcome.fatal else errors).append(text)
                 continue
-            if (
-                current == ConditionStatus.UNKNOWN
-                and seen.presence is Presence.PRESENT
-                and seen.controlled_by_us
-            ):
-                # Created by an earlier attempt at this plan whose outcome was never recorded.
+            attempted = current == ConditionStatus.UNKNOWN or (
+                current == ConditionStatus.FALSE
+                and _component_reason(conditions) == ComponentReason.CREATION_ERRORED
+            )
+            if attempted and seen.presence is Presence.PRESENT and seen.controlled_by_us:
+                # Created by an earlier attempt at this plan whose outcome was never recorded (a
+                # crash, a status write that lost to another, a create that timed out but took
+                # effect); under a generated name it is found by its respawn.dev/component
+                # annotation. Adopted, never created a second time.
                 if seen.name:
                     entry["name"] = seen.name
                 self._set_component(entry, ConditionStatus.TRUE, ComponentReason.CREATED_SUCCESSFULLY)
                 continue
+            if attempted and not entry.get("name") and seen.presence is not Presence.ABSENT:
+                # Created under a generated name that was never recorded, and not looked for
+                # successfully (the search failed, or nothing was read): creating again could make
+                # a second one. Wait, as for any create error, until it can be found or not.
+                errors.append(f"{described}: cannot tell yet whether it was already created")
+                continue
             try:
-                body = render_component(self.aw, index, pod_sets=_pod_sets(entry), hooks=self.hooks)
+                body = render_component(
+                    self.aw,
+                    index,
+                    pod_sets=_pod_sets(entry),
+                    hooks=self.hooks,
+                    annotations={COMPONENT_ANNOTATION: component_identity(uid, started, index)},
+                )
             except (TemplateError, ValueError) as exc:
                 fatal.append(str(exc))
                 continue
@@ -679,7 +788,11 @@ class _Reconciliation:
         expected = len(entries)
         # Components created by the previous plan may have been observed before their creation
         # (or through a lagging cache); their create outcome is the fresher truth.
-        just_created = set(self.observed.created) if self.start_phase == Phase.RESUMING else set()
+        just_created = (
+            set(self.observed.created)
+            if self.start_phase == Phase.RESUMING and not self.new_attempt
+            else set()
+        )
         missing = sum(
             1
             for index in range(expected)
@@ -749,9 +862,20 @@ class _Reconciliation:
         return False
 
     def _expected_pods(self) -> int:
+        # Only well-formed parts go to the counter: its contract is ValueError for a malformed
+        # pod set, and a spec or status edited past validation may hold anything.
+        entries = self.status.get("componentStatus")
+        recorded = [
+            {"podSets": e["podSets"]}
+            for e in (entries if isinstance(entries, list) else [])
+            if isinstance(e, Mapping) and isinstance(e.get("podSets"), list)
+        ]
+        components = [c for c in self.components if isinstance(c, Mapping)]
         try:
-            return expected_pod_count({"spec": self.spec, "status": self.status})
-        except ValueError:
+            return expected_pod_count(
+                {"spec": {"components": components}, "status": {"componentStatus": recorded}}
+            )
+        except (ValueError, TypeError):
             return 0
 
     def _pods_ready(self) -> None:
@@ -800,14 +924,18 @@ class _Reconciliation:
         # attempt's names) when a namesake is created that soon. Counted from ResourcesDeployed
         # turning False, i.e. from when the last pod and component were seen gone.
         deadline = max(deadline, self._since(ConditionType.RESOURCES_DEPLOYED) + self.params.recreate_delay)
-        if self.now < deadline:
-            self._requeue(deadline)
+        if self.now < deadline or self.reset_started:
+            # A reset begun in this call ends in a later one, whatever the clocks say (a status
+            # that entered Resetting with nothing deployed would otherwise start the next attempt
+            # in the same breath): the Resetting status, with its count, is written first.
+            self._requeue(max(deadline, self.now))
             return False
         self._set(ConditionType.RESOURCES_DEPLOYED, ConditionStatus.TRUE, Reason.RESUMING, MSG_RESET_COMPLETE)
         # Cleared here (upstream leaves it True until a healthy check) so that the next incident
         # starts its own clock: the retry pause is measured from Unhealthy turning True.
         self._set(ConditionType.UNHEALTHY, ConditionStatus.FALSE, Reason.RESUMING, MSG_RESET_COMPLETE)
         attempt = resetting_count(self.status)
+        self.new_attempt = True
         self._transition(Phase.RESUMING, f"{MSG_RESET_COMPLETE} (after reset {attempt})")
         self._announce(LifecycleEventType.RESET_FINISHED, message=MSG_RESET_COMPLETE)
         return True

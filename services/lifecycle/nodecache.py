@@ -11,7 +11,7 @@ Only what a decision needs is kept (:class:`ObservedNode`), a few hundred bytes 
 
 from __future__ import annotations
 
-from services.lifecycle.observed import ObservedNode
+from services.lifecycle.observed import ObservedNode, fold_safely
 from shared.kube import Kube, ResourceRef
 from shared.kube.watch import WatchEvent, list_then_watch
 
@@ -46,4 +46,4 @@ class NodeCache:
     async def run(self, kube: Kube, nodes_ref: ResourceRef) -> None:
         """Keep the cache current (never returns; cancel it to stop)."""
         async for event in list_then_watch(kube, nodes_ref):
-            self.apply(event)
+            fold_safely(self.apply, event, "node")

@@ -10,14 +10,53 @@ either (that would release quota while it may still run).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from services.lifecycle.actions import CreateOutcome
+from shared import metrics
+from shared.kube.watch import WatchEvent
 
-__all__ = ["Observed", "ObservedComponent", "ObservedNode", "ObservedPod", "Presence", "controller_uid"]
+__all__ = [
+    "Observed",
+    "ObservedComponent",
+    "ObservedNode",
+    "ObservedPod",
+    "Presence",
+    "controller_uid",
+    "fold_safely",
+]
+
+log = logging.getLogger(__name__)
+
+SKIPPED = metrics.counter(
+    "respawn_lifecycle_watch_events_skipped",
+    "Watch events lifecycle could not use (each logged with its object), by kind",
+    ["what"],
+)
+
+
+def fold_safely(apply: Callable[[WatchEvent], None], event: WatchEvent, what: str) -> None:
+    """Fold one watch event into a cache; one that cannot be used is logged, counted and
+    skipped, so that a single malformed object never stops the cache (nor the service)."""
+    try:
+        apply(event)
+    except Exception as exc:
+        SKIPPED.labels(what=what).inc()
+        meta = event.obj.get("metadata") if isinstance(event.obj, Mapping) else None
+        meta = meta if isinstance(meta, Mapping) else {}
+        log.warning(
+            "skipping a %s %s event about %s/%s: %s: %s",
+            what,
+            event.type,
+            meta.get("namespace", ""),
+            meta.get("name", "?"),
+            type(exc).__name__,
+            exc,
+        )
 
 
 class Presence(StrEnum):
@@ -28,10 +67,18 @@ class Presence(StrEnum):
     DELETING = "Deleting"
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def controller_uid(obj: Mapping[str, Any]) -> str:
     """The uid its controller owner reference names ("" if it has none)."""
-    for owner in (obj.get("metadata") or {}).get("ownerReferences") or []:
-        if owner.get("controller"):
+    for owner in _list(_mapping(obj.get("metadata")).get("ownerReferences")):
+        if isinstance(owner, Mapping) and owner.get("controller") is True:
             return str(owner.get("uid", ""))
     return ""
 
@@ -62,10 +109,10 @@ class ObservedPod:
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> ObservedPod:
         """What a decision needs of a pod object (from a LIST or a watch event)."""
-        meta = pod.get("metadata") or {}
+        meta = _mapping(pod.get("metadata"))
         return cls(
             name=str(meta.get("name", "")),
-            phase=str((pod.get("status") or {}).get("phase") or "Pending"),
+            phase=str(_mapping(pod.get("status")).get("phase") or "Pending"),
             terminating=bool(meta.get("deletionTimestamp")),
             uid=str(meta.get("uid") or ""),
         )
@@ -90,16 +137,16 @@ class ObservedNode:
     @classmethod
     def of(cls, node: Mapping[str, Any]) -> ObservedNode:
         """What a decision needs of a node object (from a LIST or a watch event)."""
-        status = node.get("status") or {}
+        status = _mapping(node.get("status"))
         return cls(
-            name=str((node.get("metadata") or {}).get("name", "")),
+            name=str(_mapping(node.get("metadata")).get("name", "")),
             ready=any(
                 c.get("type") == "Ready" and c.get("status") == "True"
-                for c in status.get("conditions") or []
+                for c in _list(status.get("conditions"))
                 if isinstance(c, Mapping)
             ),
-            unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
-            allocatable={str(k): str(v) for k, v in (status.get("allocatable") or {}).items()},
+            unschedulable=bool(_mapping(node.get("spec")).get("unschedulable")),
+            allocatable={str(k): str(v) for k, v in _mapping(status.get("allocatable")).items()},
         )
 
 

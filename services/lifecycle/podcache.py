@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.lifecycle.observed import ObservedPod
+from services.lifecycle.observed import ObservedPod, fold_safely
 from services.lifecycle.workqueue import Key
 from shared.appwrapper.constants import APPWRAPPER_LABEL
 from shared.kube import Kube, ResourceRef
@@ -91,4 +91,4 @@ class PodCache:
     async def run(self, kube: Kube, pods_ref: ResourceRef) -> None:
         """Keep the cache current (never returns; cancel it to stop)."""
         async for event in list_then_watch(kube, pods_ref, label_selector=APPWRAPPER_LABEL):
-            self.apply(event)
+            fold_safely(self.apply, event, "pod")

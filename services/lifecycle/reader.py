@@ -25,13 +25,22 @@ from services.lifecycle.observed import (
     controller_uid,
 )
 from services.lifecycle.podcache import PodCache
+from services.lifecycle.templating import component_identity
+from services.lifecycle.verdicts import attempt_start
 from services.lifecycle.workqueue import Key
-from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, KIND
+from shared import metrics
+from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, COMPONENT_ANNOTATION, KIND
 from shared.kube import KubeApiError, ResourceRef
 
-__all__ = ["KubeReads", "Reader"]
+__all__ = ["READ_FAILURES", "KubeReads", "Reader"]
 
 log = logging.getLogger(__name__)
+
+READ_FAILURES = metrics.counter(
+    "respawn_lifecycle_unreadable_answers",
+    "API answers lifecycle could not read (not an API error: e.g. nested too deeply), by what was read",
+    ["what"],
+)
 
 
 class KubeReads(Protocol):
@@ -64,6 +73,10 @@ class Reader:
         self.pod_cache = pod_cache
         self.nodes = nodes
         self.node_cache = node_cache
+        # Per AppWrapper (and incarnation uid): component index -> (name, uid) of the object last
+        # confirmed to be its own, by a read or our create. It lets a pass that skips reading the
+        # components (the first of an urgent reset) still delete them, by that uid only.
+        self._confirmed: dict[Key, tuple[str, dict[int, tuple[str, str]]]] = {}
 
     async def appwrapper(self, key: Key) -> dict[str, Any] | None:
         """The AppWrapper, or None when it is gone."""
@@ -79,6 +92,27 @@ class Reader:
         aw.setdefault("kind", KIND)
         return aw
 
+    def forget(self, key: Key) -> None:
+        """The AppWrapper is gone: drop what was confirmed about its components."""
+        self._confirmed.pop(key, None)
+
+    def _confirm(self, key: Key, aw_uid: str, index: int, name: str, uid: str) -> None:
+        owner, known = self._confirmed.get(key, (aw_uid, {}))
+        if owner != aw_uid:
+            known = {}
+        known[index] = (name, uid)
+        self._confirmed[key] = (aw_uid, known)
+
+    def _unconfirm(self, key: Key, aw_uid: str, index: int) -> None:
+        owner, known = self._confirmed.get(key, (aw_uid, {}))
+        if owner == aw_uid:
+            known.pop(index, None)
+
+    def confirmed(self, key: Key, aw_uid: str, index: int) -> tuple[str, str] | None:
+        """(name, uid) of component ``index`` as last confirmed to be this incarnation's."""
+        owner, known = self._confirmed.get(key, ("", {}))
+        return known.get(index) if owner == aw_uid else None
+
     async def observe(
         self,
         aw: Mapping[str, Any],
@@ -90,24 +124,70 @@ class Reader:
     ) -> Observed:
         """Authoritative reads of every component (unless ``components`` is False), the labelled
         pods (unless ``pods`` is False) and the nodes (unless ``nodes`` is False), issued
-        concurrently; what is not read is unknown."""
-        meta = aw.get("metadata") or {}
-        namespace, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
-        spec_components = (aw.get("spec") or {}).get("components") or []
-        statuses = (aw.get("status") or {}).get("componentStatus") or []
+        concurrently; what is not read is unknown.
+
+        A component that is not read is still reported with the name and uid last confirmed to
+        be this AppWrapper's (by a read or our create), so that a delete of it can carry that
+        uid as its precondition; one never confirmed is read even so, because without a uid it
+        could not be deleted at all.
+        """
+        meta = _mapping(aw.get("metadata"))
+        namespace, name, uid = (
+            str(meta.get("namespace", "")),
+            str(meta.get("name", "")),
+            str(meta.get("uid", "")),
+        )
+        key = (namespace, name)
+        spec_components = _list(_mapping(aw.get("spec")).get("components"))
+        status = _mapping(aw.get("status"))
+        statuses = _list(status.get("componentStatus"))
+        started = attempt_start(status)
+        for index, outcome in created.items():
+            if outcome.succeeded and outcome.name and outcome.uid:
+                self._confirm(key, uid, index, outcome.name, outcome.uid)
         reads: list[Awaitable[ObservedComponent]] = []
         for index, comp in enumerate(spec_components):
             template = comp.get("template") if isinstance(comp, Mapping) else None
-            if not components or not isinstance(template, Mapping):
-                reads.append(_unknown())
+            if not isinstance(template, Mapping):
+                reads.append(_known(ObservedComponent(controlled_by_us=False)))
                 continue
             comp_name = ""
             if index < len(statuses) and isinstance(statuses[index], Mapping):
                 comp_name = str(statuses[index].get("name") or "")
-            comp_name = comp_name or str((template.get("metadata") or {}).get("name") or "")
+            template_meta = _mapping(template.get("metadata"))
+            comp_name = comp_name or str(template_meta.get("name") or "")
             if index in created and created[index].name:
                 comp_name = created[index].name
-            reads.append(self.observe_component(template, namespace, comp_name, uid))
+            if not components:
+                known = self.confirmed(key, uid, index)
+                if known is not None and known[0] == comp_name:
+                    reads.append(
+                        _known(
+                            ObservedComponent(
+                                Presence.UNKNOWN, controlled_by_us=True, name=known[0], uid=known[1]
+                            )
+                        )
+                    )
+                    continue
+            # A component created under a generated name whose name never made it into the
+            # status is looked for by the annotation our create put on it.
+            identity = (
+                component_identity(uid, started, index)
+                if not comp_name and template_meta.get("generateName")
+                else ""
+            )
+            reads.append(
+                self.observe_component(
+                    template,
+                    namespace,
+                    comp_name,
+                    uid,
+                    key=key,
+                    index=index,
+                    identity=identity,
+                    appwrapper=name,
+                )
+            )
         seen, listed, node_list = await asyncio.gather(
             asyncio.gather(*reads),
             self.observe_pods(namespace, name) if pods else _none(),
@@ -123,15 +203,34 @@ class Reader:
             return cached
         try:
             listing = await self.kube.list(self.pods, namespace, labelSelector=f"{APPWRAPPER_LABEL}={name}")
+            return tuple(ObservedPod.of(p) for p in _list(listing.get("items")) if isinstance(p, Mapping))
         except KubeApiError as exc:
             log.warning("listing pods of %s/%s failed: %s", namespace, name, exc)
-            return None
-        return tuple(ObservedPod.of(p) for p in listing.get("items", []))
+        except Exception as exc:  # an answer the client cannot read (e.g. nested too deep)
+            READ_FAILURES.labels(what="pods").inc()
+            log.warning("listing pods of %s/%s failed: %s: %s", namespace, name, type(exc).__name__, exc)
+        # Unknown: no decision that needs the pods (e.g. "all gone") is taken on it.
+        return None
 
     async def observe_component(
-        self, template: Mapping[str, Any], namespace: str, name: str, aw_uid: str
+        self,
+        template: Mapping[str, Any],
+        namespace: str,
+        name: str,
+        aw_uid: str,
+        *,
+        key: Key | None = None,
+        index: int = -1,
+        identity: str = "",
+        appwrapper: str = "",
     ) -> ObservedComponent:
+        """What is under ``name``: whether it exists, and whether it is confirmed ours (its
+        controller owner reference names this AppWrapper's uid). A read that fails is
+        ``Unknown`` and not confirmed ours, so nothing deletes it on that read. Without a name,
+        the object whose ``respawn.dev/component`` annotation is ``identity`` (if any)."""
         if not name:
+            if identity:
+                return await self._find(template, namespace, appwrapper, aw_uid, identity, key, index)
             return ObservedComponent(presence=Presence.ABSENT)
         try:
             ref = await self.kube.resource(str(template.get("apiVersion", "")), str(template.get("kind", "")))
@@ -139,14 +238,98 @@ class Reader:
         except KubeApiError as exc:
             if exc.not_found:
                 return ObservedComponent(presence=Presence.ABSENT, name=name)
-            return ObservedComponent(presence=Presence.UNKNOWN, name=name)
-        presence = Presence.DELETING if obj["metadata"].get("deletionTimestamp") else Presence.PRESENT
-        return ObservedComponent(
-            presence=presence,
-            controlled_by_us=controller_uid(obj) == aw_uid,
-            name=name,
-            uid=str(obj["metadata"].get("uid") or ""),
+            return ObservedComponent(presence=Presence.UNKNOWN, controlled_by_us=False, name=name)
+        except Exception as exc:  # an answer the client cannot read (e.g. nested too deep)
+            READ_FAILURES.labels(what="component").inc()
+            log.warning(
+                "reading %s %s/%s failed: %s: %s",
+                template.get("kind"),
+                namespace,
+                name,
+                type(exc).__name__,
+                exc,
+            )
+            return ObservedComponent(presence=Presence.UNKNOWN, controlled_by_us=False, name=name)
+        return self._seen(obj, name, aw_uid, key, index)
+
+    def _seen(
+        self, obj: Mapping[str, Any], name: str, aw_uid: str, key: Key | None, index: int
+    ) -> ObservedComponent:
+        meta = _mapping(obj.get("metadata"))
+        presence = Presence.DELETING if meta.get("deletionTimestamp") else Presence.PRESENT
+        ours = bool(aw_uid) and controller_uid(obj) == aw_uid
+        uid = str(meta.get("uid") or "")
+        if key is not None:
+            if ours and uid:
+                self._confirm(key, aw_uid, index, name, uid)
+            else:
+                self._unconfirm(key, aw_uid, index)
+        return ObservedComponent(presence=presence, controlled_by_us=ours, name=name, uid=uid)
+
+    async def _find(
+        self,
+        template: Mapping[str, Any],
+        namespace: str,
+        appwrapper: str,
+        aw_uid: str,
+        identity: str,
+        key: Key | None,
+        index: int,
+    ) -> ObservedComponent:
+        """The object our create of this component (this attempt) made, found by its annotation
+        among the objects of its kind labelled with the AppWrapper; Absent when there is none,
+        Unknown when they cannot be listed."""
+        try:
+            ref = await self.kube.resource(str(template.get("apiVersion", "")), str(template.get("kind", "")))
+            listing = await self.kube.list(
+                ref, namespace if ref.namespaced else None, labelSelector=f"{APPWRAPPER_LABEL}={appwrapper}"
+            )
+        except KubeApiError as exc:
+            if exc.not_found:
+                return ObservedComponent(presence=Presence.ABSENT)
+            log.warning("listing %s of %s/%s failed: %s", template.get("kind"), namespace, appwrapper, exc)
+            return ObservedComponent(presence=Presence.UNKNOWN, controlled_by_us=False)
+        except Exception as exc:  # an answer the client cannot read
+            READ_FAILURES.labels(what="component").inc()
+            log.warning(
+                "listing %s of %s/%s failed: %s: %s",
+                template.get("kind"),
+                namespace,
+                appwrapper,
+                type(exc).__name__,
+                exc,
+            )
+            return ObservedComponent(presence=Presence.UNKNOWN, controlled_by_us=False)
+        found = [
+            obj
+            for obj in _list(listing.get("items"))
+            if isinstance(obj, Mapping)
+            and _mapping(_mapping(obj.get("metadata")).get("annotations")).get(COMPONENT_ANNOTATION)
+            == identity
+            and bool(aw_uid)
+            and controller_uid(obj) == aw_uid
+        ]
+        if not found:
+            return ObservedComponent(presence=Presence.ABSENT)
+        # More than one would be duplicates made before this guard existed: the oldest is the
+        # component, the others are reported (and left to the garbage collector with the
+        # AppWrapper, as they carry its owner reference).
+        found.sort(
+            key=lambda o: (
+                str(_mapping(o.get("metadata")).get("creationTimestamp", "")),
+                str(_mapping(o.get("metadata")).get("name", "")),
+            )
         )
+        if len(found) > 1:
+            log.warning(
+                "%s/%s: %d objects claim to be component %d of this attempt; adopting the oldest",
+                namespace,
+                appwrapper,
+                len(found),
+                index,
+            )
+        first = found[0]
+        return self._seen(first, str(_mapping(first.get("metadata")).get("name", "")), aw_uid, key, index)
 
     async def observe_nodes(self) -> tuple[ObservedNode, ...] | None:
         """The cluster's nodes: from the node cache, or a LIST before it has synced (a reset in
@@ -159,14 +342,27 @@ class Reader:
             return cached
         try:
             listing = await self.kube.list(self.nodes)
+            return tuple(ObservedNode.of(n) for n in _list(listing.get("items")) if isinstance(n, Mapping))
         except KubeApiError as exc:
             log.warning("listing nodes failed (no node exclusion on this pass): %s", exc)
-            return None
-        return tuple(ObservedNode.of(n) for n in listing.get("items", []))
+        except Exception as exc:  # an answer the client cannot read
+            READ_FAILURES.labels(what="nodes").inc()
+            log.warning(
+                "listing nodes failed (no node exclusion on this pass): %s: %s", type(exc).__name__, exc
+            )
+        return None
 
 
-async def _unknown() -> ObservedComponent:
-    return ObservedComponent()
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+async def _known(component: ObservedComponent) -> ObservedComponent:
+    return component
 
 
 async def _none() -> None:

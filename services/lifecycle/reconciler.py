@@ -13,24 +13,27 @@ AppWrapper's reconciles never overlap (a lock per AppWrapper).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Final
+from typing import Any, Final
 
 from opentelemetry import trace
 
-from services.lifecycle.actions import CreateComponent, CreateOutcome
+from services.lifecycle import announcements, validation
+from services.lifecycle.actions import CreateComponent, CreateOutcome, EmitEvent
 from services.lifecycle.executor import Executor
+from services.lifecycle.failures import Failures
 from services.lifecycle.incidents import Incidents
-from services.lifecycle.machine import reconcile
+from services.lifecycle.machine import FinalizerChange, reconcile
 from services.lifecycle.reader import Reader
 from services.lifecycle.templating import PodTemplateHook
 from services.lifecycle.verdicts import VerdictUse
 from services.lifecycle.workqueue import Key, WorkQueue
 from shared import metrics
-from shared.appwrapper.params import effective_fault_tolerance
+from shared.appwrapper.constants import ANNOUNCED_ANNOTATION
 from shared.bus import TransientError
 from shared.config import NodeExclusionConfig
 from shared.faulttolerance import FaultTolerance
@@ -49,6 +52,34 @@ CONFLICTS = metrics.counter(
     "respawn_lifecycle_status_conflicts", "Status writes that lost to a newer version"
 )
 RECONCILES = metrics.counter("respawn_lifecycle_reconciles", "Reconcile passes, by outcome", ["outcome"])
+INVALID_VALUES = metrics.counter(
+    "respawn_lifecycle_invalid_values",
+    "Values of AppWrappers lifecycle could not use as given (counted when first told), by field",
+    ["field"],
+)
+
+
+class _Announced:
+    """What one reconcile knows of its AppWrapper's announcements, across its passes."""
+
+    def __init__(self) -> None:
+        # The marker of the transition whose announcements this reconcile delivered (or found
+        # recorded); None when something is still owed.
+        self.sent: str | None = None
+        # The AppWrapper as last read or written, and the transition its status records.
+        self.aw: Mapping[str, Any] | None = None
+        self.transition: announcements.Transition | None = None
+        # The AppWrapper goes away with this reconcile (its last finalizer was removed).
+        self.vanishing = False
+
+    def view(self, aw: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``aw`` with what this reconcile already delivered counted as recorded, so that a later
+        pass does not send it again while the record is still to be written."""
+        if self.sent is None:
+            return aw
+        meta = dict(aw.get("metadata") or {})
+        meta["annotations"] = {**(meta.get("annotations") or {}), ANNOUNCED_ANNOTATION: self.sent}
+        return {**aw, "metadata": meta}
 
 
 class Reconciler:
@@ -64,9 +95,11 @@ class Reconciler:
         node_exclusion: NodeExclusionConfig | None = None,
         on_gone: Callable[[Key], None] = lambda key: None,
         clock: Callable[[], datetime] = utcnow,
+        failures: Failures | None = None,
     ) -> None:
         """``defaults``: the operator's fault-tolerance parameters (an AppWrapper's annotations
-        override them); ``on_gone`` is told of AppWrappers found deleted."""
+        override them); ``on_gone`` is told of AppWrappers found deleted; ``clock`` is the
+        server's time (see :class:`~services.lifecycle.serverclock.ServerClock`)."""
         self.reader = reader
         self.executor = executor
         self.queue = queue
@@ -76,6 +109,7 @@ class Reconciler:
         self.node_exclusion = node_exclusion
         self.on_gone = on_gone
         self.clock = clock
+        self.failures = failures if failures is not None else Failures(executor.announce_one)
         self.locks: dict[Key, asyncio.Lock] = {}
 
     async def reconcile_key(self, key: Key, verdict: Verdict | None, *, urgent: bool = False) -> VerdictUse:
@@ -83,7 +117,9 @@ class Reconciler:
 
         ``urgent``: an Unhealthy verdict has just arrived, so the first pass skips the reads a
         reset does not need (see :meth:`_reconcile`). Raises TransientError when the AppWrapper
-        cannot be read or written (the caller retries).
+        cannot be read or written (the caller retries). Any failure is first counted, logged
+        with the AppWrapper's identity and, when it is about the object, told to its owner (see
+        :mod:`services.lifecycle.failures`); ``failures.backoff(key)`` says when to retry.
         """
         lock = self.locks.setdefault(key, asyncio.Lock())
         async with lock:
@@ -97,11 +133,22 @@ class Reconciler:
                 context=parent,
                 attributes={"appwrapper.namespace": key[0], "appwrapper.name": key[1]},
             ):
-                return await self._reconcile(key, verdict, urgent=urgent)
+                state = _Announced()
+                try:
+                    use = await self._reconcile(key, verdict, urgent=urgent, state=state)
+                except Exception as exc:
+                    RECONCILES.labels(outcome="failed").inc()
+                    await self.failures.failed(key, state.aw, exc)
+                    raise
+                self.failures.succeeded(key)
+                return use
 
-    async def _reconcile(self, key: Key, verdict: Verdict | None, *, urgent: bool) -> VerdictUse:
+    async def _reconcile(
+        self, key: Key, verdict: Verdict | None, *, urgent: bool, state: _Announced
+    ) -> VerdictUse:
         created: dict[int, CreateOutcome] = {}
         use = VerdictUse.NONE
+        outcome = "passes-exhausted"
         for passes in range(MAX_PASSES):
             t_read = time.perf_counter()
             try:
@@ -110,18 +157,24 @@ class Reconciler:
                 raise TransientError(f"reading AppWrapper {key[0]}/{key[1]}: {exc}") from exc
             if aw is None:
                 self.on_gone(key)
+                self.reader.forget(key)
+                self.failures.forget(key)
                 RECONCILES.labels(outcome="gone").inc()
                 return VerdictUse.SETTLED
-            annotations = (aw.get("metadata") or {}).get("annotations") or {}
-            params = effective_fault_tolerance(annotations, self.defaults).ft
-            was = str((aw.get("status") or {}).get("phase", ""))
+            state.aw = aw
+            effective = validation.parameters(aw, self.defaults)
+            params = effective.ft
+            await self._tell_problems(aw, effective.warnings)
+            was = str(_mapping(aw.get("status")).get("phase", ""))
             t_observe = time.perf_counter()
             # An arriving Unhealthy verdict's first pass decides from the AppWrapper alone: the
             # decision (reset or fail, then delete the components it records) depends neither on
             # the pods nor on reading the components, and every read is a round trip on the way
             # to the Unhealthy status and the first delete. The machine treats what was not read
             # as unknown (no PodsReady change, no "all gone" conclusion, no missing component);
-            # later passes, triggered by the deletion's observations, read everything.
+            # components are reported with the uid last confirmed ours, which is all a delete
+            # needs (one never confirmed is read). Later passes, triggered by the deletion's
+            # observations, read everything.
             quick = urgent and passes == 0
             # Nodes matter only to a reset after failed pods, i.e. with an Unhealthy verdict in
             # hand (they come from the node cache, free; a LIST only before it has synced).
@@ -130,21 +183,27 @@ class Reconciler:
                 aw, created, pods=not quick, components=not quick, nodes=unhealthy
             )
             t_decide = time.perf_counter()
+            now = self.clock()
             plan = reconcile(
                 aw,
                 observed,
                 verdict,
                 params,
-                self.clock(),
+                now,
                 hooks=self.hooks,
                 node_exclusion=self.node_exclusion,
             )
+            # Announcements of the status in hand that a process killed after writing it never
+            # sent (or never recorded as sent): derived from that status, with the ids the
+            # original ones had, so a copy of one that did go out is dropped.
+            view = state.view(aw)
+            owed = announcements.owed(view, params.retry_limit, now)
             if log.isEnabledFor(logging.DEBUG):
                 # Where a pass's time goes (read the AppWrapper / read components and pods /
                 # decide), for when a verdict takes longer to apply than it should.
                 log.debug(
                     "%s/%s pass (read %.0f ms, observe %.0f ms, decide %.1f ms): "
-                    "phase %s -> %s, %d pods observed, %d actions, status %s, requeue %s",
+                    "phase %s -> %s, %d pods observed, %d actions, status %s, requeue %s, %d owed",
                     key[0],
                     key[1],
                     (t_observe - t_read) * 1000,
@@ -156,19 +215,31 @@ class Reconciler:
                     len(plan.actions),
                     "written" if plan.status is not None else "unchanged",
                     plan.requeue_at.isoformat() if plan.requeue_at else "-",
+                    len(owed),
                 )
             if verdict is not None and plan.verdict_use is not VerdictUse.NONE:
                 use = plan.verdict_use
-            if plan.empty:
-                RECONCILES.labels(outcome="idle").inc()
-                return use
             if quick and plan.status is None:
                 # Nothing to write (e.g. a redelivered verdict of a reset under way): then the
-                # deletes are not guarded by the status write's resourceVersion and must carry
-                # the uids of what they delete, so decide again from a full read.
+                # deletes are not guarded by the status write's resourceVersion, so decide again
+                # from a full read.
                 continue
+            current = announcements.transition_of(aw)
+            # Owed announcements go first: they describe the status in hand, which the plan
+            # (if it writes one) comes after. owed() is empty when nothing is owed, or for an
+            # AppWrapper last written before the record existed, whose transition is adopted.
+            covered = announcements.covers(announcements.announced_marker(view), current)
+            if not covered:
+                covered = await self.executor.announce(aw, owed) if owed else True
+            state.transition = current
+            if covered and current is not None:
+                state.sent = current.marker
+            if plan.empty:
+                RECONCILES.labels(outcome="idle").inc()
+                outcome = ""
+                break
             try:
-                outcomes = await self.executor.carry_out(aw, plan, observed, verdict=verdict)
+                carried = await self.executor.carry_out(aw, plan, observed, verdict=verdict)
             except KubeApiError as exc:
                 if exc.conflict:
                     # Someone else wrote first: recompute from the fresh object, never overwrite.
@@ -177,13 +248,63 @@ class Reconciler:
                     created = {}
                     continue
                 raise TransientError(f"writing AppWrapper {key[0]}/{key[1]}: {exc}") from exc
+            state.aw = carried.aw
+            state.vanishing = plan.finalizer is FinalizerChange.REMOVE
+            if plan.status is not None:
+                after = announcements.transition_of({"metadata": aw.get("metadata"), "status": plan.status})
+                if after != current:
+                    # A new transition: announced by the plan itself.
+                    state.sent = after.marker if carried.announced and after is not None else None
+                elif not carried.announced:
+                    state.sent = None
+                state.transition = after
             self.incidents.track(key, plan, was=was)
             if plan.requeue_at is not None:
                 self.queue.requeue_at(plan.requeue_at, key)
             if not any(isinstance(a, CreateComponent) for a in plan.actions):
                 RECONCILES.labels(outcome="done").inc()
-                return use
-            created = outcomes
-        RECONCILES.labels(outcome="passes-exhausted").inc()
-        self.queue.requeue_at(self.clock(), key)
+                outcome = ""
+                break
+            created = carried.outcomes
+        if outcome:
+            RECONCILES.labels(outcome=outcome).inc()
+            self.queue.requeue_at(self.clock(), key)
+        await self._record(state)
         return use
+
+    async def _record(self, state: _Announced) -> None:
+        """Record the transition whose announcements were all delivered (one patch, once per
+        reconcile, only when the AppWrapper's record says otherwise)."""
+        if state.aw is None or state.sent is None or state.vanishing or state.transition is None:
+            return
+        if announcements.covers(announcements.announced_marker(state.aw), state.transition):
+            return
+        if state.sent != state.transition.marker:
+            return
+        await self.executor.record_announced(state.aw, state.sent)
+
+    async def _tell_problems(self, aw: Mapping[str, Any], warnings: tuple[str, ...]) -> None:
+        """Tell the AppWrapper's owner about each value lifecycle cannot use (an Event once per
+        value and incarnation)."""
+        found = validation.problems(aw, warnings)
+        if not found:
+            return
+        meta = _mapping(aw.get("metadata"))
+        who = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+        for problem in found:
+            digest = hashlib.sha256(problem.message.encode()).hexdigest()[:12]
+            event = EmitEvent(
+                type="Warning",
+                reason=validation.INVALID_VALUE_EVENT,
+                message=problem.message,
+                id=f"{who}/{validation.INVALID_VALUE_EVENT}/{digest}",
+            )
+            if event.id in self.failures.reported:
+                continue
+            INVALID_VALUES.labels(field=problem.field.split("[", 1)[0]).inc()
+            log.warning("%s/%s: %s", meta.get("namespace"), meta.get("name"), problem.message)
+            await self.failures.reported.send(aw, event, self.executor.announce_one)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}

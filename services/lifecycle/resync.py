@@ -2,7 +2,13 @@
 
 Timers live in one replica's memory; a replica that dies with timers pending would lose them.
 Another replica's resync picks the work up, so nothing waits longer than a resync period. Which
-AppWrappers that is, is the phase policy's to say (:func:`services.lifecycle.machine.needs_attention`).
+AppWrappers that is, is the phase policy's to say (:func:`services.lifecycle.machine.needs_attention`),
+including those with announcements owed by a replica that died after a status write.
+
+A round never fails the service: a LIST that fails (an API error, or a page the client cannot
+read, e.g. one holding an object nested too deeply for its JSON parser) is logged and counted,
+the AppWrappers of the pages read so far are queued, and the next round tries again. An
+AppWrapper that cannot be judged is logged and skipped.
 """
 
 from __future__ import annotations
@@ -10,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterable, Callable, Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from services.lifecycle.machine import needs_attention
 from services.lifecycle.workqueue import Key
+from shared import metrics
 from shared.kube import KubeApiError
+from shared.kubetime import utcnow
 
 __all__ = ["Resync"]
 
@@ -23,26 +31,61 @@ log = logging.getLogger(__name__)
 
 Pages = Callable[[], AsyncIterable[Sequence[Mapping[str, Any]]]]
 
+FAILED_ROUNDS = metrics.counter(
+    "respawn_lifecycle_resync_failures",
+    "Resync rounds cut short (the next round tries again), by error type",
+    ["error"],
+)
+
 
 class Resync:
-    def __init__(self, pages: Pages, enqueue: Callable[[Key], None], *, period: timedelta) -> None:
+    def __init__(
+        self,
+        pages: Pages,
+        enqueue: Callable[[Key], None],
+        *,
+        period: timedelta,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
         """``pages``: a LIST of every AppWrapper, page by page (a LIST of 10,000 whole
         AppWrappers, templates included, parsed at once would set the process's peak memory
         every period)."""
         self.pages = pages
         self.enqueue = enqueue
         self.period = period
+        self.clock = clock
 
     async def once(self) -> None:
         """Queue every AppWrapper that needs attention (a failed LIST waits for the next period)."""
+        now = self.clock()
         try:
             async for page in self.pages():
                 for aw in page:
-                    if needs_attention(aw):
-                        meta = aw.get("metadata") or {}
-                        self.enqueue((meta.get("namespace", ""), meta.get("name", "")))
+                    self._consider(aw, now)
         except KubeApiError as exc:
+            FAILED_ROUNDS.labels(error="KubeApiError").inc()
             log.warning("resync list failed: %s", exc)
+        except Exception as exc:  # e.g. RecursionError: a page the client cannot decode
+            FAILED_ROUNDS.labels(error=type(exc).__name__).inc()
+            log.error(
+                "resync list failed (%s: %s); the AppWrappers of the pages read so far are queued, "
+                "the next round tries again",
+                type(exc).__name__,
+                exc,
+            )
+
+    def _consider(self, aw: Any, now: datetime) -> None:
+        meta = aw.get("metadata") if isinstance(aw, Mapping) else None
+        if not isinstance(meta, Mapping):
+            log.warning("resync: skipping a listed AppWrapper without metadata")
+            return
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        try:
+            if needs_attention(aw, now):
+                self.enqueue(key)
+        except Exception as exc:  # a bug judging one object must not skip the others
+            log.exception("resync: cannot judge AppWrapper %s/%s (%s); queued to be sure", *key, exc)
+            self.enqueue(key)
 
     async def run(self) -> None:
         """Resync now and every period (never returns; cancel it to stop)."""

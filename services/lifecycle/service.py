@@ -10,14 +10,20 @@ the parts that feed it and carry out its plans, and runs their loops:
   so that a replica that dies with timers pending loses nothing;
 - :mod:`~services.lifecycle.reconciler`: per AppWrapper, read (:mod:`~services.lifecycle.reader`),
   decide, carry out (:mod:`~services.lifecycle.executor`);
-- the pod and node caches, each one watch.
+- the pod and node caches, each one watch;
+- the server clock (:mod:`~services.lifecycle.serverclock`): decisions take the API server's time.
+
+No single AppWrapper can stop the service: a reconcile that fails is reported and retried with a
+backoff of its own (:mod:`~services.lifecycle.failures`) while the workers go on with the
+others, and a loop that fails (the resync, a cache) is restarted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from services.lifecycle.executor import Executor
@@ -28,9 +34,10 @@ from services.lifecycle.podcache import PodCache
 from services.lifecycle.reader import Reader
 from services.lifecycle.reconciler import Reconciler
 from services.lifecycle.resync import Resync
+from services.lifecycle.serverclock import ServerClock
 from services.lifecycle.triggers import LatestVerdicts, Triggers
 from services.lifecycle.workqueue import WorkQueue
-from shared import subjects
+from shared import metrics, subjects
 from shared.appwrapper.constants import API_VERSION, KIND
 from shared.bus import DeliverPolicy
 from shared.kube import Kube, KubeApiError, ResourceRef
@@ -40,6 +47,10 @@ from shared.messages import AnyObservation, Verdict
 from shared.runtime import Runtime, entry
 
 log = logging.getLogger(__name__)
+
+LOOP_RESTARTS = metrics.counter(
+    "respawn_lifecycle_loop_restarts", "Service loops restarted after they failed, by loop", ["loop"]
+)
 
 
 class Lifecycle:
@@ -52,8 +63,10 @@ class Lifecycle:
         appwrappers: ResourceRef,
         pods: ResourceRef,
         nodes: ResourceRef | None = None,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
-        """``nodes``: where the nodes are read, for node exclusion (None when it is off)."""
+        """``nodes``: where the nodes are read, for node exclusion (None when it is off).
+        ``clock``: this process's clock, which the server clock corrects (tests skew it)."""
         self.rt = rt
         self.kube = kube = rt.require_kube()
         config = rt.config
@@ -64,11 +77,16 @@ class Lifecycle:
         self.workers = settings.workers
         self.verdict_concurrency = settings.verdict_concurrency
         self.incidents = Incidents()
-        self.queue = WorkQueue(urgent=self.incidents.__contains__)
+        # Every time a decision writes is compared with times the API server writes (health tells
+        # an attempt's pods by their creationTimestamp): decide on the server's clock.
+        self.clock = ServerClock(clock)
+        self.resync_period = settings.resync_period
+        self.queue = WorkQueue(urgent=self.incidents.__contains__, clock=self.clock.now)
         # Pod changes trigger reconciles exactly as pod observations on the bus do.
         self.pod_cache = PodCache(on_change=self.queue.debounce)
         self.node_cache = NodeCache() if nodes is not None else None
         self.latest = LatestVerdicts()
+        self.executor = Executor(kube, rt.bus, appwrappers=appwrappers, pods=pods, clock=self.clock)
         self.reconciler = Reconciler(
             reader=Reader(
                 kube,
@@ -78,13 +96,14 @@ class Lifecycle:
                 nodes=nodes,
                 node_cache=self.node_cache,
             ),
-            executor=Executor(kube, rt.bus, appwrappers=appwrappers, pods=pods),
+            executor=self.executor,
             queue=self.queue,
             incidents=self.incidents,
             defaults=config.to_fault_tolerance(),
             hooks=hooks_for(config),
             node_exclusion=config.node_exclusion if nodes is not None else None,
             on_gone=self.latest.forget,
+            clock=self.clock.now,
         )
         self.triggers = Triggers(
             queue=self.queue,
@@ -92,33 +111,45 @@ class Lifecycle:
             reconcile=self.reconciler.reconcile_key,
             pods_watched=lambda: self.pod_cache.synced,
         )
-        self.resync = Resync(self._appwrapper_pages, self.queue.enqueue, period=settings.resync_period)
+        self.resync = Resync(
+            self._appwrapper_pages, self.queue.enqueue, period=settings.resync_period, clock=self.clock.now
+        )
 
     async def _appwrapper_pages(self) -> AsyncIterator[Sequence[Mapping[str, Any]]]:
         async for page, _ in list_pages(self.kube, self.appwrappers):
             yield page
 
     async def work(self) -> None:
-        """One reconcile worker: the queue's keys, one after another."""
+        """One reconcile worker: the queue's keys, one after another. A key whose reconcile
+        fails (reported by the reconciler) is queued again after its own backoff; the worker goes
+        on with the next key at once."""
         while True:
             key = await self.queue.next_key()
             try:
                 await self.reconciler.reconcile_key(key, self.latest.get(key))
             except Exception:
-                log.exception("reconciling %s/%s failed; retrying in 1s", *key)
-                self.queue.requeue_at(utcnow(), key)
-                await asyncio.sleep(1.0)
+                self.queue.requeue_at(self.clock.now() + self.reconciler.failures.backoff(key), key)
+
+    async def sync_clock(self) -> None:
+        """Sample the API server's clock now and every resync period."""
+        while True:
+            await self.executor.sync_clock()
+            await asyncio.sleep(self.resync_period.total_seconds())
 
     async def run(self) -> None:
         """Run the loops and the bus consumers until cancelled."""
-        loops: dict[str, Coroutine[Any, Any, None]] = {
-            f"lifecycle-worker-{i}": self.work() for i in range(self.workers)
+        # The first decisions already take the server's time.
+        await self.executor.sync_clock()
+        loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+            f"lifecycle-worker-{i}": self.work for i in range(self.workers)
         }
-        loops["lifecycle-resync"] = self.resync.run()
-        loops["lifecycle-pod-cache"] = self.pod_cache.run(self.kube, self.pods)
+        loops["lifecycle-resync"] = self.resync.run
+        loops["lifecycle-clock"] = self.sync_clock
+        loops["lifecycle-pod-cache"] = lambda: self.pod_cache.run(self.kube, self.pods)
         if self.node_cache is not None and self.nodes is not None:
-            loops["lifecycle-node-cache"] = self.node_cache.run(self.kube, self.nodes)
-        tasks = [asyncio.create_task(loop, name=name) for name, loop in loops.items()]
+            node_cache, nodes = self.node_cache, self.nodes
+            loops["lifecycle-node-cache"] = lambda: node_cache.run(self.kube, nodes)
+        tasks = [asyncio.create_task(_supervised(name, loop), name=name) for name, loop in loops.items()]
         try:
             verdicts = await self.rt.bus.consume(
                 subjects.VERDICTS_STREAM,
@@ -149,6 +180,24 @@ class Lifecycle:
             for task in tasks:
                 task.cancel()
             self.queue.close()
+
+
+async def _supervised(name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``loop`` forever: one that fails (a bug, an answer nobody foresaw) is logged, counted
+    and started again after a pause, instead of taking the whole service down with it (and
+    restarting into the same failure)."""
+    delay = 1.0
+    while True:
+        try:
+            await loop()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            LOOP_RESTARTS.labels(loop=name).inc()
+            log.exception("%s failed; restarting it in %.0fs", name, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 60.0)
 
 
 async def resolve(kube: Kube, api_version: str, kind: str) -> ResourceRef:

@@ -7,6 +7,8 @@ For component ``i`` of an AppWrapper the rendered object is the component's temp
   watcher finds wrapped resources;
 - a controller owner reference to the AppWrapper, so Kubernetes garbage-collects whatever is
   left should the AppWrapper disappear without its finalizer running;
+- the annotations the caller passes (the machine passes ``respawn.dev/component``, see
+  :func:`component_identity`, by which a create whose outcome was lost is found again);
 - in every pod template at each of the component's pod-set paths: the same label (pods are
   counted through it) plus the matching ``podSetInfos[j]`` that Kueue wrote on admission
   (labels, annotations, nodeSelector, tolerations, scheduling gates);
@@ -25,6 +27,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, KIND
@@ -35,6 +38,7 @@ __all__ = [
     "PodTemplateContext",
     "PodTemplateHook",
     "TemplateError",
+    "component_identity",
     "owner_reference",
     "render_component",
 ]
@@ -74,17 +78,28 @@ def owner_reference(appwrapper: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def component_identity(appwrapper_uid: str, attempt: datetime | None, index: int) -> str:
+    """The ``respawn.dev/component`` annotation of component ``index`` created in the attempt
+    that started at ``attempt`` (ResourcesDeployed's transition time) by the AppWrapper
+    incarnation ``appwrapper_uid``: the same for every create of it within that attempt, and for
+    no other object."""
+    started = attempt.strftime("%Y%m%dT%H%M%SZ") if attempt is not None else "-"
+    return f"{appwrapper_uid}/{started}/{index}"
+
+
 def render_component(
     appwrapper: Mapping[str, Any],
     index: int,
     *,
     pod_sets: Sequence[PodSet | Mapping[str, Any]] | None = None,
     hooks: Sequence[PodTemplateHook] = (),
+    annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The object to create for ``spec.components[index]`` of ``appwrapper``.
 
     ``pod_sets`` are the component's validated pod sets (``status.componentStatus[index].podSets``);
-    when omitted they are the declared ones or, failing that, the inferred ones.
+    when omitted they are the declared ones or, failing that, the inferred ones. ``annotations``
+    are added to the object's own metadata.
     """
     metadata = _mapping(appwrapper.get("metadata"))
     aw_name = str(metadata.get("name", ""))
@@ -106,6 +121,8 @@ def render_component(
         )
     obj_meta["namespace"] = aw_namespace
     _merge_strings(_child(obj_meta, "labels", where), {APPWRAPPER_LABEL: aw_name}, f"{where}: label")
+    if annotations:
+        _merge_strings(_child(obj_meta, "annotations", where), annotations, f"{where}: annotation")
     _add_owner(obj_meta, owner_reference(appwrapper), where)
 
     if pod_sets is None:

@@ -45,6 +45,18 @@ ANNOTATION_PREFIX: Final = f"{GROUP}.appwrapper/"
 # that they never collide with, or change the meaning of, an upstream key.
 RESPAWN_PREFIX: Final = "respawn.dev/"
 
+# On the AppWrapper: the transition (phase, attempt, time; see services/lifecycle/announcements.py)
+# whose announcements (lifecycle-stream messages and Kubernetes Events) have all been sent. A
+# status whose transition differs has announcements owed, which a later pass re-sends.
+ANNOUNCED_ANNOTATION: Final = f"{RESPAWN_PREFIX}announced"
+
+# On every wrapped resource lifecycle creates: "<AppWrapper uid>/<attempt>/<component index>",
+# the attempt being when its resources began to be deployed (compact UTC). A component created
+# under a generated name is found (adopted) by it if the name never made it into the status,
+# instead of being created a second time. (An annotation, not a label: the objects are listed by
+# the AppWrapper label already, and the rendered object's labels stay as upstream's.)
+COMPONENT_ANNOTATION: Final = f"{RESPAWN_PREFIX}component"
+
 # Kueue caps a workload at this many pod sets, so an AppWrapper may not have more.
 MAX_POD_SETS: Final = 8
 

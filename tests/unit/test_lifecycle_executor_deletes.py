@@ -73,7 +73,9 @@ async def test_component_deletes_carry_the_observed_uid() -> None:
     assert kube.deletes == [("jobs", "train-job", None, "job-uid-1"), ("jobs", "train-job", 0, "job-uid-1")]
 
 
-async def test_a_component_not_seen_under_that_name_is_deleted_by_name_only() -> None:
+async def test_a_component_not_confirmed_ours_under_that_name_is_never_deleted() -> None:
+    """By name alone a delete could remove an object that is not ours: another team's object of
+    that name, or a namesake created since. Without a uid confirmed ours it is not made at all."""
     kube = RecordingKube()
     ex = executor(kube)
     delete = DeleteComponent(index=0, api_version="batch/v1", kind="Job", namespace="team", name="train-job")
@@ -81,7 +83,27 @@ async def test_a_component_not_seen_under_that_name_is_deleted_by_name_only() ->
     await ex.act(AW, delete, seen_job("other-uid", name="train-job-old"))
     await ex.act(AW, delete, Observed())
     await ex.act(AW, delete)
-    assert [uid for *_, uid in kube.deletes] == [None, None, None]
+    # Seen under this name, but controlled by someone else.
+    foreign = Observed(
+        components=(
+            ObservedComponent(
+                presence=Presence.PRESENT, name="train-job", uid="their-uid", controlled_by_us=False
+            ),
+        ),
+        pods=(),
+    )
+    await ex.act(AW, delete, foreign)
+    assert kube.deletes == []
+
+
+async def test_the_uid_the_plan_confirmed_guards_the_delete_even_when_nothing_was_read() -> None:
+    kube = RecordingKube()
+    ex = executor(kube)
+    delete = DeleteComponent(
+        index=0, api_version="batch/v1", kind="Job", namespace="team", name="train-job", uid="job-uid-7"
+    )
+    await ex.act(AW, delete, Observed())
+    assert kube.deletes == [("jobs", "train-job", None, "job-uid-7")]
 
 
 async def test_forced_pod_deletes_carry_each_observed_pod_uid() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.lifecycle.observed import ObservedPod
+from services.lifecycle.observed import ObservedPod, fold_safely
 from services.lifecycle.podcache import PodCache
 from services.lifecycle.reader import Reader
 from shared.appwrapper.constants import APPWRAPPER_LABEL, GROUP, KIND, PLURAL, VERSION
@@ -147,3 +147,18 @@ async def test_the_reader_answers_from_the_cache_and_lists_only_where_it_cannot(
     cache.apply(WatchEvent("DELETED", pod("a-0", "a")))
     assert [p.name for p in await reader.observe_pods("team", "a") or ()] == ["listed"]
     assert len(kube.lists) == 2
+
+
+def test_a_malformed_pod_is_skipped_and_the_cache_goes_on() -> None:
+    cache = synced()
+    bad = pod("a-0", "a")
+    bad["metadata"]["labels"] = ["not", "a", "map"]
+    fold_safely(cache.apply, WatchEvent("ADDED", bad), "pod")
+    weird_status = pod("a-1", "a")
+    weird_status["status"] = "Running"  # read as no phase: Pending
+    fold_safely(cache.apply, WatchEvent("ADDED", weird_status), "pod")
+    fold_safely(cache.apply, WatchEvent("ADDED", pod("a-2", "a")), "pod")
+    assert [(p.name, p.phase) for p in cache.pods("team", "a") or ()] == [
+        ("a-1", "Pending"),
+        ("a-2", "Running"),
+    ]

@@ -9,6 +9,7 @@ from typing import Any
 from services.lifecycle.machine import needs_attention
 from services.lifecycle.resync import Resync
 from services.lifecycle.workqueue import Key
+from shared.appwrapper.constants import ANNOUNCED_ANNOTATION
 from shared.kube import KubeApiError
 
 
@@ -66,3 +67,40 @@ async def test_a_failed_list_is_left_for_the_next_round() -> None:
     queued: list[Key] = []
     await Resync(failing, queued.append, period=timedelta(seconds=30)).once()
     assert queued == [("team", "first")]
+
+
+async def test_a_page_the_client_cannot_read_cuts_the_round_short_but_never_the_service() -> None:
+    """A LIST page holding one object nested deeper than the JSON parser's recursion limit
+    raises RecursionError, not KubeApiError; the resync must not die of it (a crash loop:
+    every restart meets the same page)."""
+
+    async def too_deep() -> AsyncIterator[Sequence[Mapping[str, Any]]]:
+        yield [aw("Resetting", name="first")]
+        raise RecursionError("maximum recursion depth exceeded while decoding a JSON object")
+
+    queued: list[Key] = []
+    resync = Resync(too_deep, queued.append, period=timedelta(seconds=30))
+    await resync.once()
+    await resync.once()
+    assert queued == [("team", "first"), ("team", "first")]
+
+
+async def test_malformed_listed_appwrappers_do_not_keep_the_others_from_being_queued() -> None:
+    odd = aw("Resetting", name="odd")
+    odd["status"] = ["not", "an", "object"]
+
+    async def listing() -> AsyncIterator[Sequence[Mapping[str, Any]]]:
+        yield [odd, {"metadata": "garbage"}, aw("Resetting", name="next")]
+
+    queued: list[Key] = []
+    await Resync(listing, queued.append, period=timedelta(seconds=30)).once()
+    assert queued == [("team", "odd"), ("team", "next")]
+
+
+def test_announcements_owed_make_a_running_appwrapper_need_attention() -> None:
+    owing = aw("Running", deployed=True, quota=True)
+    owing["status"]["conditions"][0]["lastTransitionTime"] = "2026-01-01T00:00:00Z"
+    owing["metadata"]["annotations"] = {ANNOUNCED_ANNOTATION: "Resuming/0/2026-01-01T00:00:00Z"}
+    assert needs_attention(owing)
+    owing["metadata"]["annotations"] = {ANNOUNCED_ANNOTATION: "Running/0/2026-01-01T00:00:00Z"}
+    assert not needs_attention(owing)

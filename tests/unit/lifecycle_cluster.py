@@ -1,0 +1,292 @@
+"""A small in-memory API server and lifecycle stream for the lifecycle's shell (unit tests only).
+
+It keeps the API's rules that the lifecycle's guards rely on, and nothing more:
+
+- a write carrying a stale ``metadata.resourceVersion`` is a 409 Conflict; every write bumps it;
+- PUT of the status subresource changes only the status; a merge patch merges metadata;
+- a create of an existing name is 409 AlreadyExists; ``generateName`` picks a fresh name;
+- a delete with ``preconditions.uid`` of another object is a 409 Conflict (the client layer then
+  reports None, as :meth:`shared.kube.Kube.delete` does);
+- every object gets a uid and a ``creationTimestamp`` (the *server's* clock, which tests may
+  set apart from lifecycle's), and each status write a managedFields time;
+- the stream drops a message whose ``Nats-Msg-Id`` it already holds (JetStream de-duplication).
+
+Faults are injected by the tests (``fail`` hooks), never by the fake deciding on its own.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from services.lifecycle.executor import EVENTS
+from shared.appwrapper.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from shared.kube import KubeApiError, ResourceRef
+from shared.kubetime import format_kube_time
+from shared.messages import Message
+
+AWS = ResourceRef(group=GROUP, version=VERSION, plural=PLURAL, kind=KIND, namespaced=True)
+PODS = ResourceRef(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
+JOBS = ResourceRef(group="batch", version="v1", plural="jobs", kind="Job", namespaced=True)
+NODES = ResourceRef(group="", version="v1", plural="nodes", kind="Node", namespaced=False)
+
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+
+# A hook may raise to inject a fault into one call: (verb, resource plural, name) -> None.
+Fault = Callable[[str, str, str], None]
+
+
+def conflict(message: str = "the object has been modified") -> KubeApiError:
+    return KubeApiError(409, "Conflict", message, {"reason": "Conflict"})
+
+
+@dataclass
+class FakeKube:
+    """The calls lifecycle's reader and executor make, against dicts held here."""
+
+    server_now: Callable[[], datetime] = lambda: T0
+    objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    calls: list[tuple[str, str, str]] = field(default_factory=list)
+    fault: Fault | None = None
+    _rv: itertools.count[int] = field(default_factory=lambda: itertools.count(100))
+    _uid: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _gen: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    # ----------------------------------------------------------------- helpers for tests
+
+    def put(self, ref: ResourceRef, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store ``obj`` as if created by someone (not lifecycle)."""
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", f"uid-{next(self._uid)}")
+        meta.setdefault("creationTimestamp", format_kube_time(self.server_now()))
+        meta["resourceVersion"] = str(next(self._rv))
+        obj.setdefault("apiVersion", ref.api_version)
+        obj.setdefault("kind", ref.kind)
+        self.objects[(ref.plural, meta.get("namespace", ""), meta["name"])] = obj
+        return copy.deepcopy(obj)
+
+    def stored(self, ref: ResourceRef, name: str, namespace: str = "team") -> dict[str, Any] | None:
+        found = self.objects.get((ref.plural, namespace, name))
+        return copy.deepcopy(found) if found is not None else None
+
+    def all(self, ref: ResourceRef, namespace: str = "team") -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(o)
+            for (p, ns, _), o in sorted(self.objects.items())
+            if p == ref.plural and ns == namespace
+        ]
+
+    def _check(self, verb: str, ref: ResourceRef, name: str) -> None:
+        self.calls.append((verb, ref.plural, name))
+        if self.fault is not None:
+            self.fault(verb, ref.plural, name)
+
+    def _get(self, ref: ResourceRef, name: str, namespace: str | None) -> dict[str, Any]:
+        found = self.objects.get((ref.plural, namespace or "", name))
+        if found is None:
+            raise KubeApiError(404, "NotFound", f"{ref.plural} {name} not found", {"reason": "NotFound"})
+        return found
+
+    # ----------------------------------------------------------------- KubeReads / KubeWrites
+
+    async def resource(self, api_version: str, kind: str) -> ResourceRef:
+        for ref in (AWS, PODS, JOBS, NODES, EVENTS):
+            if (ref.api_version, ref.kind) == (api_version, kind):
+                return ref
+        raise KubeApiError(404, "NotFound", f"kind {kind} is not served")
+
+    async def get(self, ref: ResourceRef, name: str, namespace: str | None = None) -> dict[str, Any]:
+        self._check("get", ref, name)
+        return copy.deepcopy(self._get(ref, name, namespace))
+
+    async def list(self, ref: ResourceRef, namespace: str | None = None, **query: Any) -> dict[str, Any]:
+        self._check("list", ref, "")
+        selector = str(query.get("labelSelector", ""))
+        key, _, value = selector.partition("=")
+        items = [
+            copy.deepcopy(o)
+            for (plural, ns, _), o in sorted(self.objects.items())
+            if plural == ref.plural
+            and (namespace is None or ns == namespace)
+            and (not key or (o["metadata"].get("labels") or {}).get(key) == value)
+        ]
+        return {"items": items, "metadata": {"resourceVersion": str(next(self._rv))}}
+
+    async def create(
+        self,
+        ref: ResourceRef,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        obj = copy.deepcopy(dict(body))
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name"):
+            meta["name"] = f"{meta.get('generateName', '')}{next(self._gen):05d}"
+        self._check("create", ref, meta["name"])
+        meta["namespace"] = namespace or meta.get("namespace", "")
+        if (ref.plural, meta["namespace"], meta["name"]) in self.objects:
+            raise KubeApiError(
+                409, "Conflict", f"{ref.plural} {meta['name']} already exists", {"reason": "AlreadyExists"}
+            )
+        meta["uid"] = f"uid-{next(self._uid)}"
+        meta["creationTimestamp"] = format_kube_time(self.server_now())
+        meta["resourceVersion"] = str(next(self._rv))
+        if not dry_run:
+            self.objects[(ref.plural, meta["namespace"], meta["name"])] = obj
+        return copy.deepcopy(obj)
+
+    async def replace(self, ref: ResourceRef, body: Mapping[str, Any]) -> dict[str, Any]:
+        meta = body["metadata"]
+        self._check("replace", ref, meta["name"])
+        current = self._get(ref, meta["name"], meta.get("namespace"))
+        if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise conflict()
+        new = copy.deepcopy(dict(body))
+        new["status"] = copy.deepcopy(current.get("status"))
+        new["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.objects[(ref.plural, meta.get("namespace", ""), meta["name"])] = new
+        return copy.deepcopy(new)
+
+    async def replace_status(self, ref: ResourceRef, body: Mapping[str, Any]) -> dict[str, Any]:
+        meta = body["metadata"]
+        self._check("replace_status", ref, meta["name"])
+        current = self._get(ref, meta["name"], meta.get("namespace"))
+        if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise conflict()
+        current["status"] = copy.deepcopy(body.get("status"))
+        current["metadata"]["resourceVersion"] = str(next(self._rv))
+        current["metadata"]["managedFields"] = [
+            {
+                "manager": "lifecycle",
+                "operation": "Update",
+                "subresource": "status",
+                "time": format_kube_time(self.server_now()),
+            }
+        ]
+        return copy.deepcopy(current)
+
+    async def patch(
+        self,
+        ref: ResourceRef,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        patch_type: str = "application/merge-patch+json",
+    ) -> dict[str, Any]:
+        self._check("patch", ref, name)
+        current = self._get(ref, name, namespace)
+        assert patch_type == "application/merge-patch+json", "only merge patches are modelled"
+        meta_patch = dict(patch.get("metadata") or {})
+        expected = meta_patch.pop("resourceVersion", None)
+        if expected is not None and expected != current["metadata"]["resourceVersion"]:
+            raise conflict()
+        _merge(current["metadata"], meta_patch)
+        current["metadata"]["resourceVersion"] = str(next(self._rv))
+        return copy.deepcopy(current)
+
+    async def delete(
+        self,
+        ref: ResourceRef,
+        name: str,
+        namespace: str | None = None,
+        *,
+        grace_period_seconds: int | None = None,
+        propagation: str = "Background",
+        uid: str | None = None,
+    ) -> dict[str, Any] | None:
+        self._check("delete", ref, name)
+        key = (ref.plural, namespace or "", name)
+        current = self.objects.get(key)
+        if current is None:
+            return None
+        if uid and current["metadata"]["uid"] != uid:
+            return None  # the precondition failed: Kube.delete reports that as None
+        del self.objects[key]
+        # The garbage collector, at once: what this object controlled goes too.
+        owned = [
+            k
+            for k, o in self.objects.items()
+            if any(
+                r.get("uid") == current["metadata"]["uid"] for r in o["metadata"].get("ownerReferences") or []
+            )
+        ]
+        for k in owned:
+            del self.objects[k]
+        return current
+
+    async def create_event(self, involved: Mapping[str, Any], **kw: Any) -> None:
+        raise AssertionError("lifecycle names every Event it records")
+
+
+def _merge(into: dict[str, Any], patch: Mapping[str, Any]) -> None:
+    for key, value in patch.items():
+        if value is None:
+            into.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+@dataclass
+class Published:
+    duplicate: bool
+
+
+@dataclass
+class FakeStream:
+    """The lifecycle stream: keeps every message, drops a repeated Nats-Msg-Id."""
+
+    messages: list[tuple[str, Message, str]] = field(default_factory=list)
+    fail: Callable[[Message], None] | None = None
+
+    async def publish(self, subject: str, message: Message, *, msg_id: str | None) -> Published:
+        if self.fail is not None:
+            self.fail(message)
+        assert msg_id, "every lifecycle message has a deterministic id"
+        if any(seen == msg_id for _, _, seen in self.messages):
+            return Published(duplicate=True)
+        self.messages.append((subject, message, msg_id))
+        return Published(duplicate=False)
+
+
+def job_appwrapper(
+    name: str = "train", *, job: str = "train-job", generate: bool = False, suspend: bool = False
+) -> dict[str, Any]:
+    """An AppWrapper around one Job (``generate``: the Job has only a generateName)."""
+    job_meta: dict[str, Any] = {"generateName": f"{job}-"} if generate else {"name": job}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": name, "namespace": "team", "generation": 1},
+        "spec": {
+            "suspend": suspend,
+            "components": [
+                {
+                    "template": {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "metadata": job_meta,
+                        "spec": {
+                            "parallelism": 1,
+                            "completions": 1,
+                            "template": {
+                                "spec": {
+                                    "restartPolicy": "Never",
+                                    "containers": [{"name": "m", "image": "x"}],
+                                },
+                            },
+                        },
+                    }
+                }
+            ],
+        },
+    }
