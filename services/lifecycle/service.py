@@ -158,6 +158,9 @@ class Lifecycle:
                 Verdict,
                 self.triggers.on_verdict,
                 max_deliver=100_000,  # held verdicts are redelivered until they apply
+                # A held verdict is a TransientError, which never counts here: only a verdict whose
+                # handling raises unexpectedly, again and again, is dead-lettered (poison).
+                max_errors=10,
                 ack_wait=60.0,
                 # One AppWrapper's verdicts in order, different AppWrappers' at once: a verdict
                 # takes a few API round trips, and a burst of them must not queue behind each other.

@@ -96,6 +96,25 @@ def split_api_version(api_version: str) -> tuple[str, str]:
     return "", api_version
 
 
+def decode_body(raw: bytes | str, what: str) -> dict[str, Any]:
+    """A JSON answer of the API server, or a ``KubeApiError`` (reason ``Undecodable``) naming
+    ``what`` when it cannot be read.
+
+    The API server stores objects nested deeper than Python's decoder can follow (it recurses
+    once per level and gives up near 1,000): such an answer must fail as one API error that the
+    caller handles per object, not as a RecursionError that escapes every handler.
+    """
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise KubeApiError(0, "Undecodable", f"{what}: the answer is nested too deeply to decode") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise KubeApiError(0, "Undecodable", f"{what}: the answer is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise KubeApiError(0, "Undecodable", f"{what}: the answer is not a JSON object")
+    return data
+
+
 def _error_from(exc: ApiException) -> KubeApiError:
     body: dict[str, Any] = {}
     message = str(exc.reason or "")
@@ -198,8 +217,7 @@ class Kube:
         if status >= 400:
             # Without preloading, kubernetes_asyncio hands back error answers instead of raising.
             raise _error_from_body(status, str(getattr(resp, "reason", "") or ""), raw)
-        data: dict[str, Any] = json.loads(raw) if raw else {}
-        return data
+        return decode_body(raw, f"{method} {path}") if raw else {}
 
     async def stream_lines(
         self, path: str, *, query: Mapping[str, str | int | bool], request_timeout: float | None

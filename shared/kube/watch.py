@@ -12,7 +12,6 @@ The iterator never ends on its own; cancel the task to stop it.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,9 +19,15 @@ from typing import Any, Literal
 
 from tenacity import RetryCallState, Retrying, wait_exponential, wait_random_exponential
 
-from shared.kube.client import Kube, KubeApiError, ResourceRef
+from shared import metrics
+from shared.kube.client import Kube, KubeApiError, ResourceRef, decode_body
 
 log = logging.getLogger(__name__)
+
+UNDECODABLE_EVENTS = metrics.counter(
+    "respawn_kube_undecodable_events",
+    "Watch events skipped because the object could not be decoded (e.g. nested too deeply)",
+)
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "SYNCED"]
 
@@ -126,7 +131,14 @@ async def list_then_watch(
             async for line in kube.stream_lines(
                 ref.path(namespace), query=query, request_timeout=watch_timeout + 30
             ):
-                event = json.loads(line)
+                try:
+                    event = decode_body(line, f"watch {ref.plural}")
+                except KubeApiError as exc:
+                    # One object the client cannot read (nested too deeply) must not stop the
+                    # watch of every other: it is skipped, and seen again at the next re-list.
+                    log.error("skipping an event: %s", exc.message)
+                    UNDECODABLE_EVENTS.inc()
+                    continue
                 etype = event.get("type")
                 obj = event.get("object") or {}
                 if etype == "ERROR":

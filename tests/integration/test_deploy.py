@@ -594,8 +594,9 @@ def test_lifecycle_may_manage_appwrappers_and_their_resources_and_nothing_else(
         ("watch", "pods"),
         ("delete", "pods"),
         ("list", "nodes"),
+        ("watch", "nodes"),
         ("create", "events"),
-        *((verb, kind) for kind in (*WRAPPED_KINDS, "pods") for verb in ("create", "get", "delete")),
+        *((verb, kind) for kind in (*WRAPPED_KINDS, "pods") for verb in ("create", "get", "list", "delete")),
     ]:
         assert can_i(kc, verb, resource), f"lifecycle cannot {verb} {resource}"
     for verb, resource in [

@@ -57,7 +57,7 @@ from shared.messages import LifecycleEvent, Message
 from shared.runtime import Runtime
 from tests.integration.conftest import ServiceFactory
 from tests.integration.observe import Observer
-from tests.waiting import until, until_async
+from tests.waiting import until
 
 pytestmark = pytest.mark.testbed
 
@@ -336,7 +336,7 @@ async def test_a_kill_after_the_announcements_before_their_record_sends_no_secon
         ),
     )
     async with connected(testbed) as (kube, _):
-        messages = await until_async(
+        messages = await until(
             "the Running announcement",
             lambda: _with_phase(testbed.nats_url, namespace, "twice", "Running"),
         )
@@ -388,7 +388,7 @@ async def test_another_teams_object_of_the_same_name_survives_the_appwrapper_and
     assert (unhealthy["status"], unhealthy["reason"]) == ("True", "CreateFailed")
     assert "resource Job clash-job exists, but is not controlled by appwrapper" in unhealthy["message"]
     async with connected(testbed) as (kube, _):
-        told = await until_async(
+        told = await until(
             "the owner to be told",
             lambda: _reasons(kube, namespace, "clash", COMPONENT_NOT_CONTROLLED_EVENT),
         )
@@ -551,7 +551,7 @@ async def test_a_lifecycle_with_a_skewed_clock_still_resets_the_workload_it_star
             namespace,
             manifests.job_appwrapper(name, pod_annotations={sim.SUCCEED_AFTER: "6s"}, annotations=FAST),
         )
-        await until_async("Running", lambda: _phase(testbed, namespace, name, "Running"))
+        await until("Running", lambda: _phase(testbed, namespace, name, "Running"))
         aw = sim.get_json(kc, "appwrapper", name, "-n", namespace)
         started = parse_kube_time(condition(aw, "ResourcesDeployed")["lastTransitionTime"])
         [job] = jobs(kc, namespace)
@@ -562,7 +562,7 @@ async def test_a_lifecycle_with_a_skewed_clock_still_resets_the_workload_it_star
 
         pod = await until("a running pod", lambda: _running_pod(kc, namespace, name))
         sim.fail_pod(kc, namespace, pod)
-        done = await until_async(
+        done = await until(
             "Succeeded after one reset", lambda: _phase(testbed, namespace, name, "Succeeded"), within=60
         )
         assert done is not None and done["status"]["resettingCount"] == 1
@@ -617,9 +617,9 @@ async def test_an_appwrapper_nested_too_deep_to_read_is_reported_and_the_others_
             # What the watcher's observations would do (the resync cannot list past the page).
             lifecycle.queue.enqueue((namespace, "deep"))
             lifecycle.queue.enqueue((namespace, "good"))
-            await until_async("the good one Running", lambda: _phase(testbed, namespace, "good", "Running"))
+            await until("the good one Running", lambda: _phase(testbed, namespace, "good", "Running"))
             async with connected(testbed) as (kube, _):
-                [told] = await until_async(
+                [told] = await until(
                     "the deep one reported", lambda: _reasons(kube, namespace, "deep", RECONCILE_ERROR_EVENT)
                 )
             assert told["type"] == "Warning" and "RecursionError" in told["message"]
