@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
+import threading
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +60,9 @@ class KubeApiError(Exception):
 
     @property
     def transient(self) -> bool:
-        return self.status in (429, 500, 502, 503, 504) or self.status == 0
+        # Status 0: no answer (unreachable, timed out) — except an answer that came but cannot
+        # be read, which a retry does not change.
+        return self.status in (429, 500, 502, 503, 504) or (self.status == 0 and self.reason != "Undecodable")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +109,13 @@ def decode_body(raw: bytes | str, what: str) -> dict[str, Any]:
     caller handles per object, not as a RecursionError that escapes every handler.
     """
     try:
-        data = json.loads(raw)
+        try:
+            data = json.loads(raw)
+        except RecursionError:
+            # One deep object must not make a whole LIST page (every other object on it)
+            # unreadable: decode again with room for it; what then cannot handle the object
+            # fails for that object alone.
+            data = _decode_deep(raw)
     except RecursionError:
         raise KubeApiError(0, "Undecodable", f"{what}: the answer is nested too deeply to decode") from None
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
@@ -113,6 +123,43 @@ def decode_body(raw: bytes | str, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise KubeApiError(0, "Undecodable", f"{what}: the answer is not a JSON object")
     return data
+
+
+# The deepest nesting decoded at all; the API server itself refuses JSON nested deeper than 10,000.
+DEEP_DECODE_LIMIT = 12_000
+_DEEP_DECODE_STACK = 256 * 1024 * 1024
+
+
+def _decode_deep(raw: bytes | str) -> Any:
+    """``json.loads`` with room for :data:`DEEP_DECODE_LIMIT` levels, in a thread of its own.
+
+    The decoder recurses on the C stack once per level; a thread with a large stack and a raised
+    recursion limit lets it finish. The caller (the event loop) waits for it: deep answers are
+    rare (admission refuses such templates when the webhook is installed).
+    """
+    outcome: dict[str, Any] = {}
+
+    def decode() -> None:
+        before = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(before, DEEP_DECODE_LIMIT + 100))
+        try:
+            outcome["value"] = json.loads(raw)
+        except BaseException as exc:  # handed to the caller's thread as it is
+            outcome["error"] = exc
+        finally:
+            sys.setrecursionlimit(before)
+
+    default = threading.stack_size()
+    threading.stack_size(_DEEP_DECODE_STACK)
+    try:
+        worker = threading.Thread(target=decode, name="deep-json-decode")
+        worker.start()
+    finally:
+        threading.stack_size(default)
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _error_from(exc: ApiException) -> KubeApiError:

@@ -18,10 +18,17 @@ def test_an_object_reads_as_itself() -> None:
     }
 
 
+def test_an_object_nested_deeper_than_the_default_recursion_limit_still_reads() -> None:
+    # A LIST page with one such object must not lose every other object on the page.
+    depth = 5_000
+    data = decode_body(b'{"items": [' + b'{"a":' * depth + b"1" + b"}" * depth + b', {"b": 2}]}', "LIST")
+    assert data["items"][1] == {"b": 2}
+
+
 @pytest.mark.parametrize(
     ("raw", "says"),
     [
-        (b'{"a":' * 5000 + b"1" + b"}" * 5000, "nested too deeply"),
+        (b'{"a":' * 20_000 + b"1" + b"}" * 20_000, "nested too deeply"),
         (b"not json", "not JSON"),
         (b"\xff\xfe", "not JSON"),
         (b"[1, 2]", "not a JSON object"),
