@@ -5,6 +5,13 @@ nodes, and one per wrapped kind actually in use (discovered from AppWrapper comp
 any GVK, also selected by the AppWrapper label). Every object's latest relevant state is
 published to its own subject; unchanged states are skipped, and a restarted watcher
 republishes everything once (consumers are idempotent and JetStream de-duplicates).
+
+One user's bad object never stops detection for everyone: whatever fails with one object
+(translation, the size and depth caps, a publish that can never succeed, anything unexpected)
+is dead-lettered with the object's identity, counted in ``respawn_watcher_objects_failed_total``
+and logged, and the watch goes on; only a NATS outage is waited out. Tombstones carry the
+configured TTL, and after every (re)list the stored observations of objects that are gone get
+theirs (deleted while no watcher ran). docs/messages.md, "Dead letters" and "Tombstones".
 """
 
 from __future__ import annotations
