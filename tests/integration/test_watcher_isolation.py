@@ -39,9 +39,12 @@ from shared.kube import ResourceRef
 from shared.kube.watch import WatchEvent
 from shared.messages import AnyObservation, AppWrapperObservation, ObjectRef, PodObservation, decode
 from shared.runtime import Runtime
+from tests.integration.test_nats_permissions import AuthNats, auth_nats, service_bus
 from tests.waiting import until
 
 pytestmark = pytest.mark.nats
+
+__all__ = ["auth_nats"]  # a fixture, used by name: the permission test's server with Respawn's users
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
 TTL = timedelta(hours=3)
@@ -332,3 +335,19 @@ async def test_tombstones_carry_the_ttl_and_deletes_missed_while_down_get_one_af
     for subject, first in ((aw_subject("kept"), deleted), (aw_subject("gone"), gone)):
         again = await last(bus, subject)
         assert again.seq == first.seq, subject
+
+
+async def test_the_watcher_user_may_list_stored_subjects_and_dead_letter(auth_nats: AuthNats) -> None:
+    # What reconciliation and isolation do on the bus, as the watcher's NATS user
+    # (respawn/natsauth.py): a permission missing here would fail only in production.
+    ns = f"ns-{uid()}"
+    subject = subjects.appwrapper_obs(ns, "aw", "appwrapper", "aw")
+    async with service_bus(auth_nats, "watcher") as bus:
+        message = AppWrapperObservation(ref=ObjectRef(namespace=ns, name="aw"), observed_at=NOW)
+        await bus.publish(subject, message, msg_id=None)
+        found = await bus.subjects(
+            subjects.OBSERVATIONS_STREAM, translate.observed_subject_filter(message.KIND)
+        )
+        assert found.get(subject) == 1
+        letter = await bus.dead_letter(subject, {"name": "aw"}, reason="too-deep", error="deep", name="aw")
+        assert letter.stream == subjects.DEAD_LETTER_STREAM
