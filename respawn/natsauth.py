@@ -2,7 +2,8 @@
 
 Every service connects as its own user in the account ``RESPAWN`` and may publish only what it
 produces (the watcher observations, health verdicts, lifecycle lifecycle events, autopilot node
-verdicts), plus the JetStream API requests, acks and dead letters of what it consumes. The
+verdicts), plus the JetStream API requests, acks and dead letters of what it consumes (the
+watcher's dead letters: objects it could not publish). The
 permissions are derived from what :mod:`shared.bus` and the services actually send (see
 :data:`_BUS`); ``tests/integration/test_nats_permissions.py`` proves them on a real server.
 
@@ -197,11 +198,14 @@ class _ServiceBus:
 
     publishes: tuple[str, ...]
     reads: tuple[_Reads, ...] = ()
+    # Dead-letters objects it cannot publish (Bus.dead_letter) though it consumes nothing.
+    dead_letters: bool = False
 
 
 _OBS = subjects.OBSERVATIONS_STREAM
 _BUS: Mapping[str, _ServiceBus] = {
-    "watcher": _ServiceBus(publishes=(f"{subjects.OBS_PREFIX}.>",)),
+    # The watcher dead-letters an object it cannot publish (too large, too deep, untranslatable).
+    "watcher": _ServiceBus(publishes=(f"{subjects.OBS_PREFIX}.>",), dead_letters=True),
     "health": _ServiceBus(
         publishes=(subjects.verdict_filter(),),
         reads=(
@@ -303,8 +307,9 @@ def service_permissions(service: str) -> Permissions:
     publish = [*bus.publishes, *_stream_setup(service)]
     for reads in bus.reads:
         publish += _pull_consumer(reads)
-    if bus.reads:
-        # Bus.consume moves what can never be processed here (the bus names itself respawn-<service>).
+    if bus.reads or bus.dead_letters:
+        # Bus.consume moves what can never be processed here, and Bus.dead_letter what could
+        # never be published (the bus names itself respawn-<service>).
         publish.append(subjects.dead_letter(f"respawn-{service}"))
     # A "*" consumer name would also cover another service's durable on the same stream.
     wildcard = {r.stream for r in bus.reads if r.durable is None}

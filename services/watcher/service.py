@@ -5,6 +5,13 @@ nodes, and one per wrapped kind actually in use (discovered from AppWrapper comp
 any GVK, also selected by the AppWrapper label). Every object's latest relevant state is
 published to its own subject; unchanged states are skipped, and a restarted watcher
 republishes everything once (consumers are idempotent and JetStream de-duplicates).
+
+One user's bad object never stops detection for everyone: whatever fails with one object
+(translation, the size and depth caps, a publish that can never succeed, anything unexpected)
+is dead-lettered with the object's identity, counted in ``respawn_watcher_objects_failed_total``
+and logged, and the watch goes on; only a NATS outage is waited out. Tombstones carry the
+configured TTL, and after every (re)list the stored observations of objects that are gone get
+theirs (deleted while no watcher ran). docs/messages.md, "Dead letters" and "Tombstones".
 """
 
 from __future__ import annotations
@@ -16,11 +23,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.watcher import translate
-from shared import metrics
+from shared import metrics, subjects
 from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, KIND
+from shared.appwrapper.model import list_at, mapping_at
+from shared.bus import BusError, PermanentPublishError
+from shared.bus.publish import TRANSIENT_PUBLISH_ERRORS
 from shared.kube import Kube, KubeApiError, ResourceRef
 from shared.kube.watch import Backoff, list_then_watch
-from shared.messages import Message
+from shared.messages import (
+    AppWrapperObservation,
+    ComponentObservation,
+    Message,
+    NodeObservation,
+    PodObservation,
+)
 from shared.runtime import Runtime, entry
 
 log = logging.getLogger(__name__)
@@ -33,9 +49,32 @@ SKIPPED = metrics.counter(
     "Watch events whose relevant state did not change",
     ["kind"],
 )
+FAILED = metrics.counter(
+    "respawn_watcher_objects_failed",
+    "Objects not published (dead-lettered instead), by observation kind and reason",
+    ["kind", "reason"],
+)
+MISSED_DELETES = metrics.counter(
+    "respawn_watcher_missed_deletes",
+    "Tombstones published after a (re)list for objects deleted while no watch saw it, by kind",
+    ["kind"],
+)
 WATCHES = metrics.gauge("respawn_watcher_watches", "Resources being watched")
 
-Translator = Callable[[dict[str, Any]], Message | None]
+Translator = Callable[..., Message | None]
+
+# What else a publish can fail with that clears by itself: the bus gave up retrying after its
+# own 30 s (a NATS outage), or lost a stream it could not create again yet.
+_TRANSIENT = (*TRANSIENT_PUBLISH_ERRORS, ConnectionError)
+
+# Why a publish that was neither transient nor refused by the bus failed: a bug, counted.
+UNEXPECTED = "unexpected"
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, _TRANSIENT) or (
+        isinstance(exc, BusError) and not isinstance(exc, PermanentPublishError)
+    )
 
 
 class Publisher:
@@ -44,31 +83,44 @@ class Publisher:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.last: dict[str, str] = {}
+        # Subjects whose latest message is a tombstone this watcher published: a (re)list does
+        # not find their objects, and must not publish their tombstones again (each would
+        # start the TTL over, and the subject would never go away).
+        self.tombstoned: set[str] = set()
+        # A tombstone leaves RESPAWN_OBSERVATIONS after this long, and its subject with it.
+        self.tombstone_ttl = rt.config.nats.tombstone_ttl.total_seconds()
 
-    async def observe(self, message: Message | None, *, deleted: bool) -> None:
-        if message is None:
-            return
-        subject = translate.subject_for(message)
-        fp = translate.fingerprint(message)
+    async def observe(self, prepared: translate.Prepared, *, deleted: bool) -> None:
+        """Publish, retrying for as long as the failure is transient (NATS down).
+
+        :class:`PermanentPublishError` and any other unexpected error are raised to the caller,
+        which dead-letters the object and goes on: retrying those would hold up every object
+        behind this one for ever.
+        """
+        message, subject, fp = prepared.message, prepared.subject, prepared.fingerprint
         if not deleted and self.last.get(subject) == fp:
             SKIPPED.labels(kind=message.KIND).inc()
             return
         backoff = Backoff(cap=5.0)
         while True:
             try:
-                await self.rt.bus.publish(subject, message, msg_id=translate.msg_id(message, fp))
+                await self.rt.bus.publish(
+                    subject, message, msg_id=prepared.msg_id, ttl=self.tombstone_ttl if deleted else None
+                )
                 break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # NATS down for longer than the bus's own retries
+            except Exception as exc:
+                if not _transient(exc):
+                    raise
                 delay = backoff.next()
                 log.warning("publishing %s failed (%s); retrying in %.1fs", subject, exc, delay)
                 await asyncio.sleep(delay)
         PUBLISHED.labels(kind=message.KIND).inc()
         if deleted:
             self.last.pop(subject, None)
+            self.tombstoned.add(subject)
         else:
             self.last[subject] = fp
+            self.tombstoned.discard(subject)
 
 
 def now() -> datetime:
@@ -97,14 +149,22 @@ class Watcher:
                 log.warning("cannot resolve %s %s (%s); retrying in %.1fs", api_version, kind, exc, delay)
                 await asyncio.sleep(delay)
 
-    async def watch(
-        self, name: str, ref: ResourceRef, to_message: Callable[..., Message | None], **kw: Any
-    ) -> None:
+    async def watch(self, name: str, ref: ResourceRef, to_message: Translator, **kw: Any) -> None:
+        """Publish every object of ``ref`` as it changes; one object never stops the others.
+
+        After every (re)list, the observations stored for objects this watch no longer sees are
+        followed by tombstones (:meth:`reconcile`).
+        """
+        observation_kind = _OBSERVATION_KINDS[to_message]
         self.synced[name] = False
+        # Subjects of the objects that exist, as far as this watch knows: after a (re)list
+        # exactly the listed ones (list_then_watch reports the vanished ones as DELETED first).
+        live: set[str] = set()
         WATCHES.inc()
         try:
             async for event in list_then_watch(self.kube, ref, **kw):
                 if event.type == "SYNCED":
+                    await self.reconcile(name, ref, observation_kind, live)
                     if not self.synced[name]:
                         log.info("watch %s synced", name)
                     self.synced[name] = True
@@ -113,19 +173,132 @@ class Watcher:
                 obj = event.obj
                 obj.setdefault("apiVersion", ref.api_version)
                 obj.setdefault("kind", ref.kind)
-                await self.publisher.observe(to_message(obj, deleted=deleted, now=now()), deleted=deleted)
-                if ref.kind == KIND and not deleted:
-                    self.discover_components(obj)
+                subject = translate.object_subject(obj, observation_kind)
+                if deleted:
+                    live.discard(subject)
+                elif subject:
+                    live.add(subject)
+                await self.handle(obj, to_message, observation_kind, deleted=deleted)
         finally:
             WATCHES.dec()
 
-    def discover_components(self, appwrapper: dict[str, Any]) -> None:
-        for comp in (appwrapper.get("spec") or {}).get("components") or []:
-            template = comp.get("template") if isinstance(comp, dict) else None
-            if not isinstance(template, dict):
+    async def handle(
+        self, obj: dict[str, Any], to_message: Translator, observation_kind: str, *, deleted: bool
+    ) -> None:
+        """Translate and publish one object; whatever fails is dead-lettered, and the watch goes on."""
+        prepared = translate.prepare(
+            to_message, obj, observation_kind=observation_kind, deleted=deleted, now=now()
+        )
+        if isinstance(prepared, translate.Refused):
+            await self.refuse(observation_kind, prepared)
+            return
+        if prepared is not None:
+            try:
+                await self.publisher.observe(prepared, deleted=deleted)
+            except asyncio.CancelledError:
+                raise
+            except PermanentPublishError as exc:
+                await self.refuse(observation_kind, _refused(prepared, obj, exc.reason, exc.detail))
+            except Exception as exc:
+                log.exception("publishing %s failed unexpectedly", prepared.subject)
+                await self.refuse(observation_kind, _refused(prepared, obj, UNEXPECTED, repr(exc)))
+        if observation_kind == AppWrapperObservation.KIND and not deleted:
+            try:
+                self.discover_components(obj)
+            except Exception:  # the AppWrapper was published; its odd components must not stop the watch
+                log.exception("cannot read the components of %s", translate.identity(obj))
+
+    async def refuse(self, observation_kind: str, refused: translate.Refused) -> None:
+        """Dead-letter an object that is not published (with who it is and why, never the object
+        itself), count it and log it once. The dead letter's id makes a repeat (the next re-list
+        of the same version) a no-op."""
+        who = refused.identity
+        FAILED.labels(kind=observation_kind, reason=refused.reason).inc()
+        log.error(
+            "not publishing %s %s/%s (uid %s, resourceVersion %s): %s: %s",
+            who.kind or observation_kind,
+            who.namespace,
+            who.name,
+            who.uid,
+            who.resource_version,
+            refused.reason,
+            refused.error,
+        )
+        try:
+            await self.rt.bus.dead_letter(
+                refused.subject,
+                who.summary(refused.reason, refused.error),
+                reason=refused.reason,
+                error=refused.error,
+                kind=who.kind or observation_kind,
+                namespace=who.namespace,
+                name=who.name,
+                uid=who.uid,
+                resource_version=who.resource_version,
+                msg_id=f"{observation_kind}:{who.namespace}/{who.name}:{who.uid}:{who.resource_version}:{refused.reason}",
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # counted and logged above; the watch must go on regardless
+            log.error("cannot dead-letter %s/%s either: %r", who.namespace, who.name, exc)
+
+    async def reconcile(self, name: str, ref: ResourceRef, observation_kind: str, live: set[str]) -> None:
+        """Publish a tombstone for every object whose latest observation is stored but that the
+        (re)list did not find: it was deleted while no watcher was watching (the known objects
+        are in memory only), and without a tombstone its last state would stand for ever.
+
+        Components are watched per kind, and their subjects name the kind only: the watch of one
+        kind leaves alone the subjects of another (and of the same kind in another group, when
+        two groups share a kind name, it reconciles none, as it cannot tell them apart).
+        """
+        stream_filter = translate.observed_subject_filter(observation_kind)
+        try:
+            stored = await self.rt.bus.subjects(subjects.OBSERVATIONS_STREAM, stream_filter)
+        except Exception as exc:  # the next (re)list tries again; the watch goes on meanwhile
+            log.warning("cannot reconcile %s with the stored observations: %r", name, exc)
+            return
+        if observation_kind == ComponentObservation.KIND:
+            same_kind = [gvk for gvk in self.component_watches if gvk[1] == ref.kind]
+            if len(same_kind) > 1:
+                return
+        tombstoned = self.publisher.tombstoned
+        # Tombstones that expired took their subjects with them: forget them.
+        tombstoned -= {
+            s for s in tombstoned if s not in stored and translate.subject_kind(s) == observation_kind
+        }
+        missing = sorted(set(stored) - live - tombstoned)
+        for subject in missing:
+            tombstone = translate.tombstone_for_subject(subject, now=now())
+            if tombstone is None or observation_kind != tombstone.KIND:
                 continue
-            gvk = (str(template.get("apiVersion", "")), str(template.get("kind", "")))
-            if not all(gvk) or gvk in self.component_watches:
+            if isinstance(tombstone, ComponentObservation) and tombstone.kind != ref.kind:
+                continue
+            prepared = translate.Prepared(
+                tombstone,
+                subject,
+                "",
+                # One tombstone per subject and watcher start is enough; a repeat within the
+                # duplicate window (a crash loop) is absorbed.
+                f"missed-delete:{subject}",
+            )
+            log.info("%s is gone (deleted while not watched); publishing its tombstone", subject)
+            try:
+                await self.publisher.observe(prepared, deleted=True)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.error("cannot publish the tombstone of %s: %r", subject, exc)
+                continue
+            MISSED_DELETES.labels(kind=observation_kind).inc()
+
+    def discover_components(self, appwrapper: dict[str, Any]) -> None:
+        for comp in list_at(mapping_at(appwrapper, "spec"), "components"):
+            template = mapping_at(comp, "template")
+            api_version, kind = template.get("apiVersion"), template.get("kind")
+            if not isinstance(api_version, str) or not isinstance(kind, str) or not api_version or not kind:
+                continue
+            gvk = (api_version, kind)
+            if gvk in self.component_watches:
                 continue
             log.info("watching wrapped kind %s %s", *gvk)
             self.component_watches[gvk] = asyncio.create_task(
@@ -155,6 +328,19 @@ class Watcher:
         finally:
             for task in [*self.tasks, *self.component_watches.values()]:
                 task.cancel()
+
+
+# The observation kind each translator makes (for subjects, metrics and reconciliation).
+_OBSERVATION_KINDS: dict[Translator, str] = {
+    translate.pod_observation: PodObservation.KIND,
+    translate.component_observation: ComponentObservation.KIND,
+    translate.appwrapper_observation: AppWrapperObservation.KIND,
+    translate.node_observation: NodeObservation.KIND,
+}
+
+
+def _refused(prepared: translate.Prepared, obj: dict[str, Any], reason: str, error: str) -> translate.Refused:
+    return translate.Refused(reason, error, prepared.subject, translate.identity(obj))
 
 
 async def main(rt: Runtime) -> None:

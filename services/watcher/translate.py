@@ -3,18 +3,28 @@
 Each function keeps only what a consumer decides on, so an update that changes nothing
 relevant (a heartbeat, a managedFields shuffle) yields an identical observation, and the
 watcher can skip publishing it (see :func:`fingerprint`).
+
+Objects come from users, so translation is treated as fallible: :func:`prepare` never raises.
+It gives either a :class:`Prepared` observation (subject, fingerprint and message id included)
+or a :class:`Refused` one with a reason and the object's identity, for the watcher to
+dead-letter while it goes on with the next object. An AppWrapper's body is slimmed to what its
+readers use (:func:`appwrapper_body`), and any observation still over :data:`MAX_OBSERVATION_BYTES`
+or nested deeper than :data:`MAX_BODY_DEPTH` is refused rather than sent.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 from shared import subjects
 from shared.appwrapper.constants import APPWRAPPER_LABEL
 from shared.appwrapper.model import mapping_at, str_at
+from shared.appwrapper.podsets import component_pod_sets
 from shared.kubetime import parse_kube_time
 from shared.messages import (
     AppWrapperObservation,
@@ -164,16 +174,90 @@ def component_observation(
     )
 
 
+# What an AppWrapper observation keeps of the object's metadata: identity, what the annotations
+# and labels configure, and the clocks. managedFields and the like are churn for no reader.
+_METADATA_KEYS = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "labels",
+    "annotations",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "finalizers",
+)
+
+
+def _template_identity(template: Any) -> Any:
+    """apiVersion, kind and metadata.name of a wrapped resource; what is not an object stays as
+    it is, so that what made it invalid still does."""
+    if not isinstance(template, Mapping):
+        return template
+    out = {k: template[k] for k in ("apiVersion", "kind") if k in template}
+    if "metadata" in template:
+        meta = template["metadata"]
+        out["metadata"] = {k: meta[k] for k in ("name",) if k in meta} if isinstance(meta, Mapping) else meta
+    return out
+
+
+def _slim_component(component: Any) -> Any:
+    """A component with its template cut down to its identity and its pod sets resolved.
+
+    The declared pod sets, or else the inferred ones, are written out as declared, so
+    ``expected_pod_count`` on the slim body gives the answer it gives on the whole object
+    without the template it inferred them from. A component whose pod sets cannot be resolved
+    keeps everything but the template's body, so it fails the same way for its readers.
+    """
+    try:
+        pod_sets = [
+            ps.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+            for ps in component_pod_sets(component)
+        ]
+        return {"template": _template_identity(component["template"]), "podSets": pod_sets}
+    except Exception:
+        if not isinstance(component, Mapping):
+            return component
+        slim = {k: v for k, v in component.items() if k != "template"}
+        if "template" in component:
+            slim["template"] = _template_identity(component["template"])
+        return slim
+
+
+def appwrapper_body(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What an AppWrapper observation carries of the object (docs/messages.md): its readers (the
+    health view, the lifecycle's triggers, ``respawn explain``) use metadata, status and the spec
+    but never the wrapped resources' bodies, which are the user's and can be of any size or
+    depth; the components keep only their template's identity and their pod sets."""
+    body: dict[str, Any] = {k: obj[k] for k in ("apiVersion", "kind") if k in obj}
+    meta = mapping_at(obj, "metadata")
+    body["metadata"] = {k: meta[k] for k in _METADATA_KEYS if k in meta}
+    spec = obj.get("spec")
+    if isinstance(spec, Mapping):
+        slim_spec = {k: v for k, v in spec.items() if k != "components"}
+        if "components" in spec:
+            components = spec["components"]
+            # Not a list: left as it is for expected_pod_count to report.
+            slim_spec["components"] = (
+                [_slim_component(c) for c in components] if isinstance(components, list) else components
+            )
+        body["spec"] = slim_spec
+    elif "spec" in obj:
+        body["spec"] = spec
+    if "status" in obj:
+        body["status"] = obj["status"]
+    return body
+
+
 def appwrapper_observation(obj: dict[str, Any], *, deleted: bool, now: datetime) -> AppWrapperObservation:
-    meta = dict(mapping_at(obj, "metadata"))
-    meta.pop("managedFields", None)
-    body = {**obj, "metadata": meta}
+    meta = mapping_at(obj, "metadata")
     return AppWrapperObservation(
         ref=_ref(obj),
         resource_version=meta.get("resourceVersion", ""),
         deleted=deleted,
         observed_at=now,
-        body=body,
+        body=appwrapper_body(obj),
     )
 
 
@@ -247,3 +331,229 @@ def msg_id(message: Message, fp: str) -> str:
     ref = getattr(message, "ref", None)
     uid = ref.uid if isinstance(ref, ObjectRef) else ""
     return f"{message.KIND}:{uid}:{version}:{fp}{tombstone}"
+
+
+# ------------------------------------------------------------------ refusing what cannot go out
+
+# An observation larger than this is not published. Far below NATS's 1 MB max_payload: an
+# AppWrapper's slim body is a few KiB, so one this size is a mistake, and the stream of latest
+# states is replayed whole by health at every start.
+MAX_OBSERVATION_BYTES = 256 * 1024
+# A body nested deeper than this is not published: nothing a reader uses is deeper than a few
+# levels, and the serializers (pydantic, msgpack, json) fail on deep nesting, some with recursion.
+MAX_BODY_DEPTH = 64
+
+# Why an object was not published (the dead letter's reason, the failure metric's label). The
+# bus's own reasons (PermanentPublishError.reason) are used as they are.
+TOO_LARGE = "too-large"
+TOO_DEEP = "too-deep"
+UNTRANSLATABLE = "untranslatable"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Which object a failure was about, read off the raw object without trusting it."""
+
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+
+    def summary(self, reason: str, error: str) -> dict[str, str]:
+        """What a dead letter keeps of the object: who it is and what went wrong, never the object
+        itself (it is what could not be handled)."""
+        return {
+            "kind": self.kind,
+            "namespace": self.namespace,
+            "name": self.name,
+            "uid": self.uid,
+            "resourceVersion": self.resource_version,
+            "reason": reason,
+            "error": error,
+        }
+
+
+def identity(obj: Any) -> Identity:
+    kind = obj.get("kind") if isinstance(obj, Mapping) else None
+    return Identity(
+        kind=kind if isinstance(kind, str) else "",
+        namespace=str_at(obj, "metadata", "namespace"),
+        name=str_at(obj, "metadata", "name"),
+        uid=str_at(obj, "metadata", "uid"),
+        resource_version=str_at(obj, "metadata", "resourceVersion"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    message: Message
+    subject: str
+    fingerprint: str
+    msg_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    reason: str
+    error: str
+    # The subject the observation was meant for; "" when not even that could be made.
+    subject: str
+    identity: Identity
+
+
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` has containers nested more than ``limit`` deep (the value itself is
+    level 1). Iterative: the objects this looks at are the ones too deep to recurse over."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def object_subject(obj: Any, observation_kind: str) -> str:
+    """The subject the observation of raw ``obj`` goes to, as :func:`subject_for` makes it, or
+    "" if the object has no name (or no AppWrapper label, for pods and components). Never
+    raises: it names the subject of an object that could not be translated."""
+    namespace, name = str_at(obj, "metadata", "namespace"), str_at(obj, "metadata", "name")
+    if not name:
+        return ""
+    if observation_kind == NodeObservation.KIND:
+        return subjects.node_obs(name)
+    if observation_kind == AppWrapperObservation.KIND:
+        return subjects.appwrapper_obs(namespace, name, "appwrapper", name)
+    aw = str_at(obj, "metadata", "labels", APPWRAPPER_LABEL)
+    if not aw:
+        return ""
+    if observation_kind == PodObservation.KIND:
+        return subjects.appwrapper_obs(namespace, aw, "pod", name)
+    kind = obj.get("kind") if isinstance(obj, Mapping) else ""
+    return subjects.appwrapper_obs(namespace, aw, "component", f"{kind}.{name}")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = (str(exc).splitlines() or [""])[0][:512]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _problem(message: Message) -> tuple[str, str] | None:
+    """Why ``message`` must not be published (reason, error), or None."""
+    body = getattr(message, "body", None)
+    if body is not None and nested_deeper_than(body, MAX_BODY_DEPTH):
+        return TOO_DEEP, f"the body is nested more than {MAX_BODY_DEPTH} levels deep"
+    size = len(message.encode())
+    if size > MAX_OBSERVATION_BYTES:
+        return TOO_LARGE, f"the observation is {size} bytes; at most {MAX_OBSERVATION_BYTES} are published"
+    return None
+
+
+def prepare(
+    to_message: Callable[..., Message | None],
+    obj: dict[str, Any],
+    *,
+    observation_kind: str,
+    deleted: bool,
+    now: datetime,
+) -> Prepared | Refused | None:
+    """The observation of ``obj`` ready to publish, the reason it cannot be, or None when the
+    object is not observed (a pod without the AppWrapper label). Never raises.
+
+    A tombstone whose body is what stands in the way goes out without its body: consumers keep
+    what they last knew of a deleted object, and a delete that is not published is a fault that
+    goes unseen.
+    """
+    try:
+        message = to_message(obj, deleted=deleted, now=now)
+        if message is None:
+            return None
+        problem = _problem(message)
+        if problem is not None and deleted and isinstance(message, AppWrapperObservation):
+            message = message.model_copy(update={"body": {}})
+            problem = _problem(message)
+        if problem is not None:
+            return Refused(problem[0], problem[1], subject_for(message), identity(obj))
+        fp = fingerprint(message)
+        return Prepared(message, subject_for(message), fp, msg_id(message, fp))
+    except Exception as exc:  # whatever a user's object makes the translation do
+        return Refused(UNTRANSLATABLE, _one_line(exc), object_subject(obj, observation_kind), identity(obj))
+
+
+# ------------------------------------------------------------------ tombstones from subjects
+
+
+def observed_subject_filter(observation_kind: str) -> str:
+    """The subjects in RESPAWN_OBSERVATIONS that hold observations of ``observation_kind``."""
+    if observation_kind == NodeObservation.KIND:
+        return subjects.node_obs_filter()
+    token = next(t for t, kind in _KIND_TOKENS.items() if kind == observation_kind)
+    # appwrapper_obs_filter() ends in ">"; the object kind is the token before the name.
+    return subjects.appwrapper_obs_filter().removesuffix(">") + f"{token}.*"
+
+
+def subject_kind(subject: str) -> str:
+    """The observation kind stored on ``subject`` ("" for a subject that is not an observation's)."""
+    tokens = subject.removeprefix(subjects.OBS_PREFIX + ".").split(".")
+    if len(tokens) == 2 and tokens[0] == "node":
+        return NodeObservation.KIND
+    if len(tokens) == 5 and tokens[0] == "aw":
+        return _KIND_TOKENS.get(tokens[3], "")
+    return ""
+
+
+_KIND_TOKENS = {
+    "appwrapper": AppWrapperObservation.KIND,
+    "pod": PodObservation.KIND,
+    "component": ComponentObservation.KIND,
+}
+
+
+def tombstone_for_subject(subject: str, *, now: datetime) -> Message | None:
+    """A tombstone for the object whose observations are on ``subject``, made from the subject
+    alone (for an object deleted while no watcher was watching); None for a subject that is
+    not an observation's.
+
+    The uid is left empty: it means "whatever incarnation was last observed" to the consumers,
+    which keep what they knew of the object and only mark it gone.
+    """
+    prefix = subjects.OBS_PREFIX + "."
+    if not subject.startswith(prefix):
+        return None
+    tokens = subject.removeprefix(prefix).split(".")
+    if len(tokens) == 2 and tokens[0] == "node":
+        return NodeObservation(name=subjects.untoken(tokens[1]), deleted=True, observed_at=now)
+    if len(tokens) != 5 or tokens[0] != "aw":
+        return None
+    namespace, aw, kind, name = (
+        subjects.untoken(tokens[1]),
+        subjects.untoken(tokens[2]),
+        tokens[3],
+        subjects.untoken(tokens[4]),
+    )
+    if kind == "appwrapper":
+        return AppWrapperObservation(
+            ref=ObjectRef(namespace=namespace, name=name), deleted=True, observed_at=now
+        )
+    if kind == "pod":
+        return PodObservation(
+            ref=ObjectRef(namespace=namespace, name=name), appwrapper=aw, deleted=True, observed_at=now
+        )
+    component_kind, dot, component_name = name.partition(".")
+    if kind != "component" or not dot:
+        return None
+    return ComponentObservation(
+        ref=ObjectRef(namespace=namespace, name=component_name),
+        appwrapper=aw,
+        api_version="",
+        kind=component_kind,
+        deleted=True,
+        observed_at=now,
+    )

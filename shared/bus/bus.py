@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -255,6 +256,36 @@ class Bus:
             return False
         await self.ensure_stream(spec)
         return True
+
+    async def subjects(
+        self, stream: str, subjects_filter: str, *, request_timeout: float = 10.0
+    ) -> dict[str, int]:
+        """The subjects of ``stream`` that match ``subjects_filter`` and hold messages, with how
+        many each holds (``STREAM.INFO`` with a subjects filter, every page of it).
+
+        For reconciling a stream with the world: the watcher compares the observations stored
+        with the objects it listed, to publish the deletes it missed. :class:`BusError` when
+        the server refuses or does not answer.
+        """
+        found: dict[str, int] = {}
+        while True:
+            request = json.dumps({"subjects_filter": subjects_filter, "offset": len(found)}).encode()
+            try:
+                reply = await self._nc.request(
+                    f"$JS.API.STREAM.INFO.{stream}", request, timeout=request_timeout
+                )
+                info = json.loads(reply.data)
+            except Exception as exc:
+                raise BusError(f"cannot list the subjects of stream {stream}: {exc!r}") from exc
+            if "error" in info:
+                raise BusError(f"cannot list the subjects of stream {stream}: {info['error']}")
+            page = (info.get("state") or {}).get("subjects") or {}
+            before = len(found)
+            found.update({str(k): int(v) for k, v in page.items()})
+            # The server pages a long subject list (total/offset/limit); an empty or repeated
+            # page ends it too, so a server that does not page cannot loop this.
+            if len(found) >= int(info.get("total") or 0) or len(found) == before:
+                return found
 
     # -------------------------------------------------------------- publish
 

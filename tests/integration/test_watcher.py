@@ -12,6 +12,9 @@ from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
 from shared import subjects
 from shared.appwrapper.constants import APPWRAPPER_LABEL
+from shared.bus import TTL_HEADER
+from shared.bus.headers import ttl_value
+from shared.config import OperatorConfig
 from shared.messages import AppWrapperObservation, ComponentObservation, NodeObservation, PodObservation
 from tests.integration.conftest import ServiceFactory
 from tests.integration.objects import apply
@@ -104,3 +107,37 @@ async def test_restarted_watcher_resumes_without_losing_a_transition(
         service("watcher", instance="2")
         failed = await obs.wait_last(OBS, subject, PodObservation, lambda m: m.phase == "Failed")
         assert [c.exit_code for c in failed.containers] == [9]
+
+
+async def test_deletes_made_while_the_watcher_was_down_get_tombstones_when_it_starts(
+    testbed: Endpoints, appwrapper_crd: Path, namespace: str, service: ServiceFactory
+) -> None:
+    # The known objects are in memory only: a new watcher's list cannot report what vanished
+    # before it, so it compares its list with the stored observations (docs/messages.md,
+    # "Tombstones"). Without that, health would keep the last Running state for ever.
+    kc = testbed.kubeconfig
+    watcher = service("watcher")
+    apply(kc, namespace, manifests.job_appwrapper("aw3", suspend=True))
+    apply(kc, namespace, labelled_job("aw3-job", "aw3"))
+    aw_subject = subjects.appwrapper_obs(namespace, "aw3", "appwrapper", "aw3")
+    async with Observer(testbed.nats_url) as obs:
+        await obs.wait_last(OBS, aw_subject, AppWrapperObservation, lambda m: not m.deleted)
+        pod_name = await first_pod(kc, namespace)
+        pod_subject = subjects.appwrapper_obs(namespace, "aw3", "pod", pod_name)
+        await obs.wait_last(OBS, pod_subject, PodObservation, lambda m: not m.deleted)
+
+        watcher.kill()
+        kubectl(kc, "delete", "appwrapper", "aw3", "-n", namespace, "--wait=true")
+        kubectl(kc, "delete", "pod", pod_name, "-n", namespace, "--grace-period=0", "--force", "--wait=true")
+        # Still the last states: nobody was watching.
+        before = await obs.last(OBS, aw_subject, AppWrapperObservation)
+        assert before is not None and not before.deleted
+
+        service("watcher", instance="2")
+        aw = await obs.wait_last(OBS, aw_subject, AppWrapperObservation, lambda m: m.deleted)
+        assert aw.ref.name == "aw3"
+        pod = await obs.wait_last(OBS, pod_subject, PodObservation, lambda m: m.deleted)
+        assert pod.appwrapper == "aw3"
+        stored = await obs.nc.jetstream().get_last_msg(OBS, aw_subject)
+        # The services run with the default configuration here.
+        assert stored.headers[TTL_HEADER] == ttl_value(OperatorConfig().nats.tombstone_ttl.total_seconds())

@@ -93,13 +93,14 @@ def test_subscriber_publishes_no_message(a: str, b: str) -> None:
         assert not perms.may_publish(subjects.dead_letter(service))
 
 
-def test_only_consumers_may_dead_letter_and_only_under_their_bus_name() -> None:
-    # Bus.connect(name=f"respawn-{service}") names the dead-letter subject (shared/runtime.py).
+def test_every_service_may_dead_letter_only_under_its_own_bus_name() -> None:
+    # Bus.connect(name=f"respawn-{service}") names the dead-letter subject (shared/runtime.py);
+    # the consumers dead-letter what they cannot process, the watcher what it cannot publish.
     for service in natsauth.SERVICES:
         perms = natsauth.service_permissions(service)
         for other in natsauth.SERVICES:
             allowed = perms.may_publish(subjects.dead_letter(f"respawn-{other}"))
-            assert allowed is (other == service and service != "watcher"), (service, other)
+            assert allowed is (other == service), (service, other)
 
 
 @pytest.mark.parametrize("stream", [s.name for s in default_streams()])

@@ -1,0 +1,353 @@
+"""The watcher's loop on a real nats-server, with the Kubernetes side scripted: one bad object
+never stops the watch (it is dead-lettered with its identity and counted, and the next object
+is observed), tombstones carry the configured TTL, and after a (re)list the observations of
+objects that are gone are followed by tombstones.
+
+The watch events are scripted (``list_then_watch`` replaced) because what is under test is what
+the watcher does with them; tests/integration/test_watcher.py runs it against a real cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgpack
+import pytest
+from nats.js import api
+from prometheus_client import REGISTRY
+
+from respawn.testbed.nats import NatsServer, start_nats
+from services.watcher import service, translate
+from shared import subjects
+from shared.appwrapper.constants import APPWRAPPER_LABEL
+from shared.bus import (
+    DL_OBJECT_NAME_HEADER,
+    DL_OBJECT_RESOURCE_VERSION_HEADER,
+    DL_OBJECT_UID_HEADER,
+    DL_REASON_HEADER,
+    DL_SUBJECT_HEADER,
+    TTL_HEADER,
+    Bus,
+)
+from shared.bus.headers import ttl_value
+from shared.config import NatsConfig, OperatorConfig
+from shared.kube import ResourceRef
+from shared.kube.watch import WatchEvent
+from shared.messages import AnyObservation, AppWrapperObservation, ObjectRef, PodObservation, decode
+from shared.runtime import Runtime
+from tests.integration.test_nats_permissions import AuthNats, auth_nats, service_bus
+from tests.waiting import until
+
+pytestmark = pytest.mark.nats
+
+__all__ = ["auth_nats"]  # a fixture, used by name: the permission test's server with Respawn's users
+
+NOW = datetime(2025, 1, 1, tzinfo=UTC)
+TTL = timedelta(hours=3)
+AW_REF = ResourceRef("workload.codeflare.dev", "v1beta2", "appwrappers", "AppWrapper", True)
+POD_REF = ResourceRef("", "v1", "pods", "Pod", True)
+
+
+def uid() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def nested(depth: int) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def appwrapper(ns: str, name: str, rv: str = "1", **extra: Any) -> dict[str, Any]:
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": f"{name}-job"},
+        "spec": {"parallelism": 2},
+    }
+    obj: dict[str, Any] = {
+        "apiVersion": "workload.codeflare.dev/v1beta2",
+        "kind": "AppWrapper",
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "resourceVersion": rv},
+        "spec": {"components": [{"template": job}]},
+    }
+    obj.update(extra)
+    return obj
+
+
+def pod(ns: str, aw: str, name: str, **status: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "labels": {APPWRAPPER_LABEL: aw}},
+        "status": {"phase": "Running", **status},
+    }
+
+
+@pytest.fixture(scope="module")
+def own_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    # A server of its own: reconciliation tombstones every stored subject the scripted list
+    # lacks, which would reach into other tests' observations on the shared one.
+    server = start_nats(tmp_path_factory.mktemp("watcher-nats"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def bus(own_nats: NatsServer) -> AsyncIterator[Bus]:
+    b = await Bus.connect(own_nats.url, name=f"respawn-watcher-{uid()}")
+    await b.ensure_streams()
+    try:
+        yield b
+    finally:
+        await b.close()
+
+
+class Script:
+    """``list_then_watch`` replaced: each resource's events, handed out as they are added."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, asyncio.Queue[WatchEvent]] = {}
+
+    def add(self, ref: ResourceRef, *events: WatchEvent) -> None:
+        queue = self.queues.setdefault(ref.kind, asyncio.Queue())
+        for event in events:
+            queue.put_nowait(event)
+
+    async def list_then_watch(self, kube: Any, ref: ResourceRef, **_: Any) -> AsyncIterator[WatchEvent]:
+        queue = self.queues.setdefault(ref.kind, asyncio.Queue())
+        while True:
+            yield await queue.get()
+
+
+@pytest.fixture
+async def watcher(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[service.Watcher, Script]]:
+    script = Script()
+    monkeypatch.setattr(service, "list_then_watch", script.list_then_watch)
+    config = OperatorConfig(nats=NatsConfig(tombstoneTTL=TTL))
+    rt = Runtime(name="watcher", config=config, bus=bus, kube=object(), probes=None)  # type: ignore[arg-type]
+    w = service.Watcher(rt)
+    tasks = [
+        asyncio.create_task(w.watch("appwrappers", AW_REF, translate.appwrapper_observation)),
+        asyncio.create_task(w.watch("pods", POD_REF, translate.pod_observation)),
+    ]
+    try:
+        yield w, script
+    finally:
+        for task in [*tasks, *w.component_watches.values()]:
+            task.cancel()
+        await asyncio.gather(*tasks, *w.component_watches.values(), return_exceptions=True)
+
+
+async def last(bus: Bus, subject: str) -> Any:
+    try:
+        return await bus.js.get_last_msg(subjects.OBSERVATIONS_STREAM, subject)
+    except Exception:  # not stored (yet)
+        return None
+
+
+async def dead_letters(bus: Bus) -> list[Any]:
+    sub = await bus.js.pull_subscribe(
+        subjects.dead_letter(bus.service),
+        stream=subjects.DEAD_LETTER_STREAM,
+        config=api.ConsumerConfig(ack_policy=api.AckPolicy.NONE, inactive_threshold=30.0),
+    )
+    try:
+        return list(await sub.fetch(50, timeout=1.0))
+    except TimeoutError:
+        return []
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_bad_objects_are_dead_lettered_and_the_good_one_after_them_is_observed(
+    watcher: tuple[service.Watcher, Script], bus: Bus
+) -> None:
+    _, script = watcher
+    ns = f"ns-{uid()}"
+    deep_before = metric(
+        "respawn_watcher_objects_failed_total", kind=AppWrapperObservation.KIND, reason="too-deep"
+    )
+    large_before = metric(
+        "respawn_watcher_objects_failed_total", kind=AppWrapperObservation.KIND, reason="too-large"
+    )
+    bad_pod_before = metric(
+        "respawn_watcher_objects_failed_total", kind=PodObservation.KIND, reason="untranslatable"
+    )
+    # The object that killed the watcher: a Job template with a field 300 levels deep. It is now
+    # observed, without the template's body.
+    deep_template = appwrapper(ns, "deep-template")
+    deep_template["spec"]["components"][0]["template"]["spec"]["x"] = nested(300)
+    large = appwrapper(ns, "large", rv="5")
+    large["metadata"]["annotations"] = {"a": "z" * 2_000_000}
+    script.add(
+        AW_REF,
+        WatchEvent("ADDED", deep_template),
+        WatchEvent("ADDED", appwrapper(ns, "deep", status={"x": nested(300)})),
+        WatchEvent("ADDED", large),
+        WatchEvent("ADDED", appwrapper(ns, "good")),
+    )
+    script.add(
+        POD_REF,
+        WatchEvent("ADDED", pod(ns, "good", "bad-pod", containerStatuses=["not a map"])),
+        WatchEvent("ADDED", pod(ns, "good", "good-pod")),
+    )
+
+    good = await until(
+        "the good AppWrapper observed",
+        lambda: last(bus, subjects.appwrapper_obs(ns, "good", "appwrapper", "good")),
+    )
+    assert decode(AppWrapperObservation, good.data).ref.uid == "uid-good"
+    good_pod = await until(
+        "the good pod observed", lambda: last(bus, subjects.appwrapper_obs(ns, "good", "pod", "good-pod"))
+    )
+    assert decode(PodObservation, good_pod.data).phase == "Running"
+    deep_template = await last(
+        bus, subjects.appwrapper_obs(ns, "deep-template", "appwrapper", "deep-template")
+    )
+    assert deep_template is not None
+    [component] = decode(AppWrapperObservation, deep_template.data).body["spec"]["components"]
+    assert "spec" not in component["template"]
+    for refused in ("deep", "large"):
+        assert await last(bus, subjects.appwrapper_obs(ns, refused, "appwrapper", refused)) is None
+
+    letters = await until("three dead letters", lambda: dead_letters(bus), done=lambda found: len(found) >= 3)
+    by_name = {letter.headers[DL_OBJECT_NAME_HEADER]: letter for letter in letters}
+    assert {name: by_name[name].headers[DL_REASON_HEADER] for name in ("deep", "large", "bad-pod")} == {
+        "deep": "too-deep",
+        "large": "too-large",
+        "bad-pod": "untranslatable",
+    }
+    large = by_name["large"]
+    assert (large.headers[DL_OBJECT_UID_HEADER], large.headers[DL_OBJECT_RESOURCE_VERSION_HEADER]) == (
+        "uid-large",
+        "5",
+    )
+    assert large.headers[DL_SUBJECT_HEADER] == subjects.appwrapper_obs(ns, "large", "appwrapper", "large")
+    # A summary of the object, never the object: the dead letter of a 2 MB object is small.
+    assert len(large.data) < 2048
+    assert msgpack.unpackb(large.data)["name"] == "large"
+    assert by_name["bad-pod"].headers[DL_SUBJECT_HEADER] == subjects.appwrapper_obs(
+        ns, "good", "pod", "bad-pod"
+    )
+
+    assert (
+        metric("respawn_watcher_objects_failed_total", kind=AppWrapperObservation.KIND, reason="too-deep")
+        == deep_before + 1
+    )
+    assert (
+        metric("respawn_watcher_objects_failed_total", kind=AppWrapperObservation.KIND, reason="too-large")
+        == large_before + 1
+    )
+    assert (
+        metric("respawn_watcher_objects_failed_total", kind=PodObservation.KIND, reason="untranslatable")
+        == bad_pod_before + 1
+    )
+
+
+async def test_an_object_the_server_refuses_is_dead_lettered_and_the_next_is_observed(
+    watcher: tuple[service.Watcher, Script], bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With the watcher's own cap out of the way, the bus refuses the object (over NATS's
+    # max_payload) with a PermanentPublishError; before, the watcher retried it for ever.
+    monkeypatch.setattr(translate, "MAX_OBSERVATION_BYTES", 10 * bus.max_payload)
+    _, script = watcher
+    ns = f"ns-{uid()}"
+    before = metric(
+        "respawn_watcher_objects_failed_total", kind=AppWrapperObservation.KIND, reason="too-large"
+    )
+    huge = appwrapper(ns, "huge", status={"blob": "z" * (2 * bus.max_payload)})
+    script.add(AW_REF, WatchEvent("ADDED", huge), WatchEvent("ADDED", appwrapper(ns, "after")))
+    await until(
+        "the next AppWrapper observed",
+        lambda: last(bus, subjects.appwrapper_obs(ns, "after", "appwrapper", "after")),
+    )
+    letters = await until("its dead letter", lambda: dead_letters(bus))
+    [letter] = [m for m in letters if m.headers[DL_OBJECT_NAME_HEADER] == "huge"]
+    assert letter.headers[DL_REASON_HEADER] == "too-large"
+    assert (
+        metric("respawn_watcher_objects_failed_total", kind=AppWrapperObservation.KIND, reason="too-large")
+        == before + 1
+    )
+
+
+async def test_tombstones_carry_the_ttl_and_deletes_missed_while_down_get_one_after_the_list(
+    watcher: tuple[service.Watcher, Script], bus: Bus
+) -> None:
+    _, script = watcher
+    ns = f"ns-{uid()}"
+
+    def aw_subject(name: str) -> str:
+        return subjects.appwrapper_obs(ns, name, "appwrapper", name)
+
+    # What an earlier watcher left: two AppWrappers and a pod; "gone" and its pod were deleted
+    # while no watcher ran.
+    for name in ("gone", "kept"):
+        message = AppWrapperObservation(
+            ref=ObjectRef(namespace=ns, name=name, uid=f"uid-{name}"), observed_at=NOW
+        )
+        await bus.publish(aw_subject(name), message, msg_id=None)
+    gone_pod = subjects.appwrapper_obs(ns, "gone", "pod", "gone-pod")
+    await bus.publish(
+        gone_pod,
+        PodObservation(ref=ObjectRef(namespace=ns, name="gone-pod"), appwrapper="gone", observed_at=NOW),
+        msg_id=None,
+    )
+    missed_before = metric("respawn_watcher_missed_deletes_total", kind=AppWrapperObservation.KIND)
+
+    script.add(AW_REF, WatchEvent("ADDED", appwrapper(ns, "kept")), WatchEvent("SYNCED", {}))
+    script.add(POD_REF, WatchEvent("SYNCED", {}))
+
+    async def tombstone(subject: str) -> Any:
+        stored = await last(bus, subject)
+        return stored if stored is not None and decode(AnyObservation, stored.data).deleted else None
+
+    gone = await until("the missed delete's tombstone", lambda: tombstone(aw_subject("gone")))
+    assert gone.headers[TTL_HEADER] == ttl_value(TTL.total_seconds())
+    assert decode(AppWrapperObservation, gone.data).ref.name == "gone"
+    pod_tomb = await until("the missed pod delete's tombstone", lambda: tombstone(gone_pod))
+    assert decode(PodObservation, pod_tomb.data).appwrapper == "gone"
+    kept = await last(bus, aw_subject("kept"))
+    assert not decode(AppWrapperObservation, kept.data).deleted
+    assert (
+        metric("respawn_watcher_missed_deletes_total", kind=AppWrapperObservation.KIND) >= missed_before + 1
+    )
+
+    # A delete seen by the watch: its tombstone has the TTL too. A re-list afterwards finds the
+    # subject (the tombstone) without its object, and must not publish the tombstone again:
+    # that would start its TTL over.
+    script.add(AW_REF, WatchEvent("DELETED", appwrapper(ns, "kept", rv="2")))
+    deleted = await until("the watched delete's tombstone", lambda: tombstone(aw_subject("kept")))
+    assert deleted.headers[TTL_HEADER] == ttl_value(TTL.total_seconds())
+    script.add(AW_REF, WatchEvent("SYNCED", {}), WatchEvent("ADDED", appwrapper(ns, "marker")))
+    await until("the event after the re-list handled", lambda: last(bus, aw_subject("marker")))
+    for subject, first in ((aw_subject("kept"), deleted), (aw_subject("gone"), gone)):
+        again = await last(bus, subject)
+        assert again.seq == first.seq, subject
+
+
+async def test_the_watcher_user_may_list_stored_subjects_and_dead_letter(auth_nats: AuthNats) -> None:
+    # What reconciliation and isolation do on the bus, as the watcher's NATS user
+    # (respawn/natsauth.py): a permission missing here would fail only in production.
+    ns = f"ns-{uid()}"
+    subject = subjects.appwrapper_obs(ns, "aw", "appwrapper", "aw")
+    async with service_bus(auth_nats, "watcher") as bus:
+        message = AppWrapperObservation(ref=ObjectRef(namespace=ns, name="aw"), observed_at=NOW)
+        await bus.publish(subject, message, msg_id=None)
+        found = await bus.subjects(
+            subjects.OBSERVATIONS_STREAM, translate.observed_subject_filter(message.KIND)
+        )
+        assert found.get(subject) == 1
+        letter = await bus.dead_letter(subject, {"name": "aw"}, reason="too-deep", error="deep", name="aw")
+        assert letter.stream == subjects.DEAD_LETTER_STREAM
