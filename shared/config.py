@@ -250,8 +250,8 @@ class AdmissionConfig(_Section):
     # 30 levels (a JobSet's pod template with affinity terms); past several hundred, decoders
     # that recurse (Python's json and msgpack among them) fail.
     max_template_depth: int = Field(default=64, ge=8, le=512)
-    # Compact JSON of all component templates together. The watcher publishes an AppWrapper
-    # whole (with status) as one NATS message, whose limit is 1 MiB by default.
+    # Compact JSON of all component templates together: every reader of the AppWrapper pays for
+    # them (lifecycle reads it on every pass and copies each template into what it creates).
     max_template_bytes: int = Field(default=512 * 1024, ge=1024, le=8 * 1024 * 1024)
 
 

@@ -95,7 +95,8 @@ class ObjectRef(BaseModel):
 
 
 class AppWrapperObservation(Message):
-    """Latest state of an AppWrapper (the whole object; ``deleted`` marks a tombstone)."""
+    """Latest state of an AppWrapper: its metadata, spec without component templates (pod sets kept)
+    and status (docs/messages.md); ``deleted`` marks a tombstone."""
 
     KIND: ClassVar[str] = "observation.appwrapper"
 
