@@ -433,11 +433,7 @@ class Consumer(Generic[M]):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _bind(self) -> None:
-        self._bound = False
-        old, self._psub = self._psub, None
-        if old is not None:
-            with contextlib.suppress(Exception):
-                await old.unsubscribe()
+        await self._unbind()
         generation = self._bus.reconnects
         # Create-or-update every time: after a restart with a lost store the durable is gone,
         # and so may be its stream (the bus creates that again from its spec).
