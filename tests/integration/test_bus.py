@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -84,16 +84,6 @@ async def ignore(msg: Verdict, delivery: Delivery) -> None:
 
 def metric(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    b = await Bus.connect(nats_url, name=f"test-{uid()}")
-    await b.ensure_streams()
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 async def dead_letters(bus: Bus, count: int) -> list[Any]:

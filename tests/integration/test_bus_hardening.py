@@ -82,16 +82,6 @@ def appwrapper(name: str, *, body_bytes: int = 0, deleted: bool = False) -> AppW
     )
 
 
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    b = await Bus.connect(nats_url, name=f"test-{uid()}")
-    await b.ensure_streams()
-    try:
-        yield b
-    finally:
-        await b.close()
-
-
 async def read_all(bus: Bus, stream: str, subject: str, count: int, *, within: float = 15.0) -> list[Any]:
     """The first ``count`` messages on ``subject`` (read without consuming them)."""
     sub = await bus.js.pull_subscribe(

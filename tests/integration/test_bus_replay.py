@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,16 +76,6 @@ class Recorder:
 
     async def caught_up(self) -> None:
         self.at_catch_up.append(list(self.handled))
-
-
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    b = await Bus.connect(nats_url, name=f"test-{uid()}")
-    await b.ensure_streams()  # the dead-letter stream among them
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 async def publish(bus: Bus, stream: Stream, *keys: str) -> None:
