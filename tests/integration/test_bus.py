@@ -8,7 +8,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -20,7 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
 
-from respawn.testbed.nats import start_nats
+from respawn.testbed.nats import NatsServer
 from shared import subjects
 from shared.bus import (
     DL_CONSUMER_HEADER,
@@ -386,37 +385,29 @@ async def test_stop_is_prompt_and_readiness_follows(bus: Bus) -> None:
     assert consumer not in bus.consumers
 
 
-async def test_consumer_keeps_working_across_a_server_restart(tmp_path: Path) -> None:
-    server = await asyncio.to_thread(start_nats, tmp_path / "nats")
-    try:
-        b = await Bus.connect(server.url, name=f"test-{uid()}")
-        try:
-            await b.ensure_streams()
-            subject = subjects.verdict("restart", uid())
-            handled: list[int] = []
+async def test_consumer_keeps_working_across_a_server_restart(own_nats: NatsServer, own_bus: Bus) -> None:
+    server, b = own_nats, own_bus
+    subject = subjects.verdict("restart", uid())
+    handled: list[int] = []
 
-            async def handler(msg: Verdict, delivery: Delivery) -> None:
-                handled.append(msg.seq)
+    async def handler(msg: Verdict, delivery: Delivery) -> None:
+        handled.append(msg.seq)
 
-            await b.consume(subjects.VERDICTS_STREAM, "restart", subject, Verdict, handler, fetch_timeout=0.5)
-            await b.publish(subject, verdict("a", seq=1), msg_id="one")
-            await eventually(lambda: handled == [1], what="the message before the restart")
+    await b.consume(subjects.VERDICTS_STREAM, "restart", subject, Verdict, handler, fetch_timeout=0.5)
+    await b.publish(subject, verdict("a", seq=1), msg_id="one")
+    await eventually(lambda: handled == [1], what="the message before the restart")
 
-            await asyncio.to_thread(server.stop)
-            await eventually(lambda: not b.ready(), what="readiness to drop with the server")
-            # A publish while the server is down keeps retrying until JetStream is back...
-            pending = asyncio.create_task(b.publish(subject, verdict("a", seq=2), msg_id="two"))
-            await asyncio.to_thread(server.start)
-            await asyncio.wait_for(pending, 30)
-            # ...and the consumer re-binds after reconnecting and goes on.
-            await b.publish(subject, verdict("a", seq=3), msg_id="three")
-            await eventually(lambda: handled == [1, 2, 3], within=30, what="the messages after the restart")
-            assert b.reconnects >= 1
-            await eventually(b.ready, what="readiness after the restart")
-        finally:
-            await b.close()
-    finally:
-        await asyncio.to_thread(server.stop)
+    await asyncio.to_thread(server.stop)
+    await eventually(lambda: not b.ready(), what="readiness to drop with the server")
+    # A publish while the server is down keeps retrying until JetStream is back...
+    pending = asyncio.create_task(b.publish(subject, verdict("a", seq=2), msg_id="two"))
+    await asyncio.to_thread(server.start)
+    await asyncio.wait_for(pending, 30)
+    # ...and the consumer re-binds after reconnecting and goes on.
+    await b.publish(subject, verdict("a", seq=3), msg_id="three")
+    await eventually(lambda: handled == [1, 2, 3], within=30, what="the messages after the restart")
+    assert b.reconnects >= 1
+    await eventually(b.ready, what="readiness after the restart")
 
 
 async def test_trace_context_round_trips_from_producer_to_consumer(nats_url: str) -> None:

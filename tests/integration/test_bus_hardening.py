@@ -442,75 +442,63 @@ async def wipe_and_restart(server: NatsServer) -> None:
     await asyncio.to_thread(server.start)
 
 
-async def test_streams_and_consumers_come_back_after_the_server_loses_its_store(tmp_path: Path) -> None:
-    server = await asyncio.to_thread(start_nats, tmp_path / "nats")
-    b = await Bus.connect(server.url, name=f"test-{uid()}")
-    try:
-        await b.ensure_streams()
-        verdicts: list[int] = []
-        nodes: list[str] = []
+async def test_streams_and_consumers_come_back_after_the_server_loses_its_store(
+    own_nats: NatsServer, own_bus: Bus
+) -> None:
+    server, b = own_nats, own_bus
+    verdicts: list[int] = []
+    nodes: list[str] = []
 
-        async def on_verdict(msg: Verdict, delivery: Delivery) -> None:
-            verdicts.append(msg.seq)
+    async def on_verdict(msg: Verdict, delivery: Delivery) -> None:
+        verdicts.append(msg.seq)
 
-        async def on_node(msg: NodeObservation, delivery: Delivery) -> None:
-            nodes.append(msg.name)
+    async def on_node(msg: NodeObservation, delivery: Delivery) -> None:
+        nodes.append(msg.name)
 
-        subject = subjects.verdict("ns", "lost")
-        await b.consume(
-            subjects.VERDICTS_STREAM, "lifecycle-verdicts", subject, Verdict, on_verdict, fetch_timeout=0.5
-        )
-        replay = await b.replay(
-            subjects.OBSERVATIONS_STREAM,
-            f"health-{uid()}",
-            subjects.node_obs_filter(),
-            NodeObservation,
-            on_node,
-        )
-        await replay.wait_caught_up()
-        await b.publish(subject, verdict("lost", seq=1), msg_id="one")
-        await b.publish(subjects.node_obs("n1"), NodeObservation(name="n1", observed_at=NOW), msg_id=None)
-        await until("both consumers before the loss", lambda: verdicts == [1] and nodes == ["n1"])
-        await until("readiness", b.ready)
+    subject = subjects.verdict("ns", "lost")
+    await b.consume(
+        subjects.VERDICTS_STREAM, "lifecycle-verdicts", subject, Verdict, on_verdict, fetch_timeout=0.5
+    )
+    replay = await b.replay(
+        subjects.OBSERVATIONS_STREAM,
+        f"health-{uid()}",
+        subjects.node_obs_filter(),
+        NodeObservation,
+        on_node,
+    )
+    await replay.wait_caught_up()
+    await b.publish(subject, verdict("lost", seq=1), msg_id="one")
+    await b.publish(subjects.node_obs("n1"), NodeObservation(name="n1", observed_at=NOW), msg_id=None)
+    await until("both consumers before the loss", lambda: verdicts == [1] and nodes == ["n1"])
+    await until("readiness", b.ready)
 
-        await asyncio.to_thread(server.stop)
-        await until("readiness to drop with the server", lambda: not b.ready())
-        shutil.rmtree(server.store_dir)  # the store is gone: no streams, no consumers
-        await asyncio.to_thread(server.start)
+    await asyncio.to_thread(server.stop)
+    await until("readiness to drop with the server", lambda: not b.ready())
+    shutil.rmtree(server.store_dir)  # the store is gone: no streams, no consumers
+    await asyncio.to_thread(server.start)
 
-        # Without a restart of the client: streams and durables are created again from their specs.
-        await until("readiness after the store came back", b.ready, within=30)
-        await b.publish(subject, verdict("lost", seq=2), msg_id="two")
-        await b.publish(subjects.node_obs("n2"), NodeObservation(name="n2", observed_at=NOW), msg_id=None)
-        await until(
-            "both consumers after the loss", lambda: verdicts == [1, 2] and nodes[-1] == "n2", within=30
-        )
-        config = (await b.js.stream_info(subjects.OBSERVATIONS_STREAM)).config
-        assert config.allow_msg_ttl and config.max_msgs_per_subject == 1 and config.max_bytes > 0
-        durable = await b.js.consumer_info(subjects.VERDICTS_STREAM, "lifecycle-verdicts")
-        assert durable.config.filter_subject == subject and durable.config.max_deliver == 10
-    finally:
-        await b.close()
-        await asyncio.to_thread(server.stop)
+    # Without a restart of the client: streams and durables are created again from their specs.
+    await until("readiness after the store came back", b.ready, within=30)
+    await b.publish(subject, verdict("lost", seq=2), msg_id="two")
+    await b.publish(subjects.node_obs("n2"), NodeObservation(name="n2", observed_at=NOW), msg_id=None)
+    await until("both consumers after the loss", lambda: verdicts == [1, 2] and nodes[-1] == "n2", within=30)
+    config = (await b.js.stream_info(subjects.OBSERVATIONS_STREAM)).config
+    assert config.allow_msg_ttl and config.max_msgs_per_subject == 1 and config.max_bytes > 0
+    durable = await b.js.consumer_info(subjects.VERDICTS_STREAM, "lifecycle-verdicts")
+    assert durable.config.filter_subject == subject and durable.config.max_deliver == 10
 
 
-async def test_a_publisher_alone_creates_its_stream_again(tmp_path: Path) -> None:
+async def test_a_publisher_alone_creates_its_stream_again(own_nats: NatsServer, own_bus: Bus) -> None:
     """The watcher has no consumer that would notice: its publish does."""
-    server = await asyncio.to_thread(start_nats, tmp_path / "nats")
-    b = await Bus.connect(server.url, name=f"test-{uid()}")
-    try:
-        await b.ensure_streams()
-        subject = subjects.node_obs("n1")
-        await b.publish(subject, NodeObservation(name="n1", observed_at=NOW), msg_id=None)
-        await wipe_and_restart(server)
-        published = await b.publish(
-            subject, NodeObservation(name="n1", observed_at=NOW), msg_id=None, retry_for=30
-        )
-        assert (published.stream, published.seq) == (subjects.OBSERVATIONS_STREAM, 1)  # a new, empty stream
-        assert (await b.js.stream_info(subjects.OBSERVATIONS_STREAM)).config.allow_msg_ttl
-    finally:
-        await b.close()
-        await asyncio.to_thread(server.stop)
+    server, b = own_nats, own_bus
+    subject = subjects.node_obs("n1")
+    await b.publish(subject, NodeObservation(name="n1", observed_at=NOW), msg_id=None)
+    await wipe_and_restart(server)
+    published = await b.publish(
+        subject, NodeObservation(name="n1", observed_at=NOW), msg_id=None, retry_for=30
+    )
+    assert (published.stream, published.seq) == (subjects.OBSERVATIONS_STREAM, 1)  # a new, empty stream
+    assert (await b.js.stream_info(subjects.OBSERVATIONS_STREAM)).config.allow_msg_ttl
 
 
 async def test_readiness_says_why_while_the_stream_cannot_be_created_again(bus: Bus) -> None:

@@ -11,12 +11,11 @@ import asyncio
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 
 import nats.js.errors
 import pytest
 
-from respawn.testbed.nats import start_nats
+from respawn.testbed.nats import NatsServer
 from shared import subjects
 from shared.bus import Bus, BusError, Delivery, Handler, Replay, StreamSpec, TransientError
 from shared.bus.replay import CaughtUp
@@ -260,31 +259,26 @@ async def test_a_consumer_deleted_during_the_replay_is_created_again_and_the_rep
     assert await consumer_exists(bus, stream.name, durable)
 
 
-async def test_a_server_restart_during_the_replay_does_not_lose_it(tmp_path: Path) -> None:
-    server = await asyncio.to_thread(start_nats, tmp_path / "nats")
-    try:
-        b = await Bus.connect(server.url, name=f"test-{uid()}")
-        try:
-            stream = await new_stream(b)
-            await publish(b, stream, "a", "b", "c")
-            seen = Recorder()
-            handle, entered, release = held(seen)
-            r = await replay(b, stream, seen, handler=handle)
-            await asyncio.wait_for(entered.wait(), SOON)
-            await asyncio.to_thread(server.stop)
-            await until("the bus to see the server gone", lambda: not b.connected)
-            await asyncio.to_thread(server.start)
-            await until("the bus to reconnect", lambda: b.connected and b.reconnects >= 1, within=30)
-            release.set()
-            await asyncio.wait_for(r.wait_caught_up(), 30)
-            # The consumer survived in the server's store; the unacknowledged first message may
-            # come again, but nothing is missing and nothing came after the end.
-            assert set(seen.at_catch_up[0]) == {1, 2, 3} and seen.at_catch_up[0][-1] == 3
-            assert len(seen.at_catch_up) == 1
-        finally:
-            await b.close()
-    finally:
-        await asyncio.to_thread(server.stop)
+async def test_a_server_restart_during_the_replay_does_not_lose_it(
+    own_nats: NatsServer, own_bus: Bus
+) -> None:
+    server, b = own_nats, own_bus
+    stream = await new_stream(b)
+    await publish(b, stream, "a", "b", "c")
+    seen = Recorder()
+    handle, entered, release = held(seen)
+    r = await replay(b, stream, seen, handler=handle)
+    await asyncio.wait_for(entered.wait(), SOON)
+    await asyncio.to_thread(server.stop)
+    await until("the bus to see the server gone", lambda: not b.connected)
+    await asyncio.to_thread(server.start)
+    await until("the bus to reconnect", lambda: b.connected and b.reconnects >= 1, within=30)
+    release.set()
+    await asyncio.wait_for(r.wait_caught_up(), 30)
+    # The consumer survived in the server's store; the unacknowledged first message may
+    # come again, but nothing is missing and nothing came after the end.
+    assert set(seen.at_catch_up[0]) == {1, 2, 3} and seen.at_catch_up[0][-1] == 3
+    assert len(seen.at_catch_up) == 1
 
 
 async def test_stop_and_close_delete_the_replays_consumer(bus: Bus, nats_url: str) -> None:
