@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
 
 import msgpack
 import pytest
@@ -39,6 +37,7 @@ from shared.bus import (
     default_streams,
 )
 from shared.messages import SCHEMA_HEADER, ObjectRef, Verdict
+from tests.nats_fixtures import dead_letters
 
 pytestmark = pytest.mark.nats
 
@@ -83,24 +82,6 @@ async def ignore(msg: Verdict, delivery: Delivery) -> None:
 
 def metric(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-async def dead_letters(bus: Bus, count: int) -> list[Any]:
-    """The first ``count`` dead letters this bus's service wrote (read without consuming them)."""
-    sub = await bus.js.pull_subscribe(
-        subjects.dead_letter(bus.service),
-        stream=subjects.DEAD_LETTER_STREAM,
-        config=api.ConsumerConfig(ack_policy=api.AckPolicy.NONE, inactive_threshold=30.0),
-    )
-    try:
-        got: list[Any] = []
-        deadline = time.monotonic() + 15
-        while len(got) < count and time.monotonic() < deadline:
-            with contextlib.suppress(TimeoutError):
-                got += await sub.fetch(count - len(got), timeout=1.0)
-        return got
-    finally:
-        await sub.unsubscribe()
 
 
 # ------------------------------------------------------------------ set-up

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import shutil
 import time
@@ -19,7 +18,6 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import msgpack
 import pytest
@@ -51,6 +49,7 @@ from shared.bus import (
 )
 from shared.bus.streams import LIMITS_METADATA
 from shared.messages import AppWrapperObservation, NodeObservation, ObjectRef, Verdict
+from tests.nats_fixtures import dead_letters
 from tests.waiting import until
 
 pytestmark = pytest.mark.nats
@@ -80,28 +79,6 @@ def appwrapper(name: str, *, body_bytes: int = 0, deleted: bool = False) -> AppW
         observed_at=NOW,
         body={"spec": {"blob": "x" * body_bytes}} if body_bytes else {},
     )
-
-
-async def read_all(bus: Bus, stream: str, subject: str, count: int, *, within: float = 15.0) -> list[Any]:
-    """The first ``count`` messages on ``subject`` (read without consuming them)."""
-    sub = await bus.js.pull_subscribe(
-        subject,
-        stream=stream,
-        config=api.ConsumerConfig(ack_policy=api.AckPolicy.NONE, inactive_threshold=30.0),
-    )
-    try:
-        got: list[Any] = []
-        deadline = time.monotonic() + within
-        while len(got) < count and time.monotonic() < deadline:
-            with contextlib.suppress(TimeoutError):
-                got += await sub.fetch(count - len(got), timeout=1.0)
-        return got
-    finally:
-        await sub.unsubscribe()
-
-
-async def dead_letters(bus: Bus, count: int) -> list[Any]:
-    return await read_all(bus, subjects.DEAD_LETTER_STREAM, subjects.dead_letter(bus.service), count)
 
 
 async def subject_count(bus: Bus, stream: str, subject: str) -> int:
