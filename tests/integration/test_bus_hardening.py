@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -41,7 +42,9 @@ from shared.bus import (
     DL_TRUNCATED_HEADER,
     TTL_HEADER,
     Bus,
+    Consumer,
     Delivery,
+    Handler,
     PermanentPublishError,
     StreamLimits,
     StreamSpec,
@@ -514,6 +517,18 @@ async def test_readiness_says_why_while_the_stream_cannot_be_created_again(bus: 
 # ------------------------------------------------------------------ 5. poison messages
 
 
+async def consume_verdicts(bus: Bus, ns: str, handler: Handler[Verdict], **options: Any) -> Consumer[Verdict]:
+    """A consumer of the verdicts of namespace ``ns``, under a durable of its own."""
+    return await bus.consume(
+        subjects.VERDICTS_STREAM,
+        f"t_{uid()}",
+        f"{subjects.VERDICT_PREFIX}.{ns}.*",
+        Verdict,
+        handler,
+        **options,
+    )
+
+
 async def test_a_poison_message_is_dead_lettered_and_other_keys_and_later_messages_go_on(bus: Bus) -> None:
     run = uid()
     ns = f"poison{run}"
@@ -531,15 +546,7 @@ async def test_a_poison_message_is_dead_lettered_and_other_keys_and_later_messag
     await bus.publish(poison, verdict("bad", seq=2), msg_id=None)
     for seq in (1, 2, 3):
         await bus.publish(other, verdict("good", seq=seq), msg_id=None)
-    await bus.consume(
-        subjects.VERDICTS_STREAM,
-        f"t_{uid()}",
-        f"{subjects.VERDICT_PREFIX}.{ns}.*",
-        Verdict,
-        handler,
-        concurrency=4,
-        max_deliver=3,
-    )
+    await consume_verdicts(bus, ns, handler, concurrency=4, max_deliver=3)
     # Neither the other key nor the poison key's next message waits for the poison one.
     await until(
         "the other messages", lambda: {("good", 1), ("good", 2), ("good", 3), ("bad", 2)} <= set(handled)
@@ -574,15 +581,7 @@ async def test_retries_asked_for_do_not_count_toward_the_error_budget(bus: Bus) 
 
     await bus.publish(held, verdict("held", seq=1), msg_id=None)
     await bus.publish(poison, verdict("poison", seq=1), msg_id=None)
-    await bus.consume(
-        subjects.VERDICTS_STREAM,
-        f"t_{uid()}",
-        f"{subjects.VERDICT_PREFIX}.{ns}.*",
-        Verdict,
-        handler,
-        max_deliver=100_000,
-        max_errors=2,
-    )
+    await consume_verdicts(bus, ns, handler, max_deliver=100_000, max_errors=2)
     base = {"service": bus.service, "stream": subjects.VERDICTS_STREAM}
     await until(
         "the failing message's dead letter",

@@ -128,7 +128,18 @@ class FakeKube:
             raise KubeApiError(404, "NotFound", f"{ref.plural} {name} not found", {"reason": "NotFound"})
         return found
 
+    def _to_replace(self, verb: str, ref: ResourceRef, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The stored object a PUT of ``body`` replaces (409 if ``body`` holds another version)."""
+        meta = body["metadata"]
+        self._check(verb, ref, meta["name"], meta.get("namespace"), body)
+        current = self._get(ref, meta["name"], meta.get("namespace"))
+        if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise conflict()
+        return current
+
     # ----------------------------------------------------------------- KubeReads / KubeWrites
+    # A deliberate mirror of shared.kube.Kube's signatures (as the Protocols of
+    # services/lifecycle/reader.py and executor.py are): this fake stands in for the client.
 
     async def resource(self, api_version: str, kind: str) -> ResourceRef:
         for ref in (AWS, PODS, JOBS, NODES, EVENTS):
@@ -180,10 +191,7 @@ class FakeKube:
 
     async def replace(self, ref: ResourceRef, body: Mapping[str, Any]) -> dict[str, Any]:
         meta = body["metadata"]
-        self._check("replace", ref, meta["name"], meta.get("namespace"), body)
-        current = self._get(ref, meta["name"], meta.get("namespace"))
-        if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
-            raise conflict()
+        current = self._to_replace("replace", ref, body)
         new = copy.deepcopy(dict(body))
         new["status"] = copy.deepcopy(current.get("status"))
         new["metadata"]["resourceVersion"] = str(next(self._rv))
@@ -191,11 +199,7 @@ class FakeKube:
         return copy.deepcopy(new)
 
     async def replace_status(self, ref: ResourceRef, body: Mapping[str, Any]) -> dict[str, Any]:
-        meta = body["metadata"]
-        self._check("replace_status", ref, meta["name"], meta.get("namespace"), body)
-        current = self._get(ref, meta["name"], meta.get("namespace"))
-        if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
-            raise conflict()
+        current = self._to_replace("replace_status", ref, body)
         current["status"] = copy.deepcopy(body.get("status"))
         current["metadata"]["resourceVersion"] = str(next(self._rv))
         current["metadata"]["managedFields"] = [
