@@ -299,11 +299,18 @@ class ObservationsLimitsConfig(_StreamLimitsConfig):
     max_age: Duration = timedelta(0)
 
 
-class VerdictsLimitsConfig(_StreamLimitsConfig):
+class _HistoryLimitsConfig(_StreamLimitsConfig):
+    """A stream keeping a history of messages per AppWrapper (verdicts, lifecycle's events): the
+    two have the same defaults."""
+
     max_bytes: ByteSize = ByteSize(512 * _MIB)
     max_msgs: Count = 1_000_000
     max_age: Duration = timedelta(days=30)
     max_msgs_per_subject: History = 64
+
+
+class VerdictsLimitsConfig(_HistoryLimitsConfig):
+    """``nats.streams.verdicts``."""
 
 
 class NodeVerdictsLimitsConfig(_StreamLimitsConfig):
@@ -312,11 +319,8 @@ class NodeVerdictsLimitsConfig(_StreamLimitsConfig):
     max_age: Duration = timedelta(0)
 
 
-class LifecycleLimitsConfig(_StreamLimitsConfig):
-    max_bytes: ByteSize = ByteSize(512 * _MIB)
-    max_msgs: Count = 1_000_000
-    max_age: Duration = timedelta(days=30)
-    max_msgs_per_subject: History = 64
+class LifecycleLimitsConfig(_HistoryLimitsConfig):
+    """``nats.streams.lifecycle``."""
 
 
 class DeadLetterLimitsConfig(_StreamLimitsConfig):

@@ -87,6 +87,10 @@ _DELETES = (DeleteComponent, DeletePods)
 class KubeWrites(Protocol):
     """The calls the executor makes (a subset of :class:`shared.kube.Kube`)."""
 
+    # A deliberate mirror: these signatures repeat those of shared.kube.Kube (and of the tests'
+    # one fake, tests/unit/lifecycle_cluster.FakeKube) so that the executor depends on this Protocol
+    # only and its tests run without an API server; keep the three in step.
+
     async def resource(self, api_version: str, kind: str) -> ResourceRef: ...
 
     async def get(self, ref: ResourceRef, name: str, namespace: str | None = None) -> dict[str, Any]: ...

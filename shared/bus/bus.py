@@ -16,7 +16,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, TracerProvider
 
 from shared import metrics, subjects
-from shared.bus.connection import ConnectionState, TlsFiles, open_connection, redact
+from shared.bus.connection import ConnectionState, TlsFiles, connect_options, open_connection, redact
 from shared.bus.consume import Consumer, DeliverPolicy, StreamMissing, consumer_config, ensure_consumer
 from shared.bus.deadletter import (
     DL_OBJECT_KIND_HEADER,
@@ -100,7 +100,7 @@ class Bus:
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {replicas}")
         state = ConnectionState(service=name)
-        nc = await open_connection(
+        options = connect_options(
             [url] if isinstance(url, str) else list(url),
             name=name,
             state=state,
@@ -111,9 +111,9 @@ class Bus:
             nkey_seed_file=nkey_seed_file,
             tls=tls,
             inbox_prefix=inbox_prefix,
-            connect_deadline=connect_deadline,
             reconnect_wait_max=reconnect_wait_max,
         )
+        nc = await open_connection(options, state=state, tls=tls, connect_deadline=connect_deadline)
         return cls(
             nc,
             service=name,

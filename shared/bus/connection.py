@@ -16,7 +16,7 @@ import re
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -263,35 +263,17 @@ def connect_options(
 
 
 async def open_connection(
-    servers: Sequence[str],
+    options: Mapping[str, Any],
     *,
-    name: str,
     state: ConnectionState,
-    user: str | None,
-    password: str | None,
-    token: str | None,
-    creds: str | Path | None,
-    inbox_prefix: str | None,
+    tls: TlsFiles | None,
     connect_deadline: float | None,
-    reconnect_wait_max: float,
-    nkey_seed_file: str | Path | None = None,
-    tls: TlsFiles | None = None,
 ) -> Any:
-    """The connected nats-py client; :class:`BusError` names the server (never its credentials)
-    and the last error."""
-    options = connect_options(
-        servers,
-        name=name,
-        state=state,
-        user=user,
-        password=password,
-        token=token,
-        creds=creds,
-        nkey_seed_file=nkey_seed_file,
-        tls=tls,
-        inbox_prefix=inbox_prefix,
-        reconnect_wait_max=reconnect_wait_max,
-    )
+    """The nats-py client connected with ``options`` (from :func:`connect_options`, given the
+    same ``state`` and ``tls``); :class:`BusError` names the server (never its credentials) and
+    the last error."""
+    servers: Sequence[str] = options["servers"]
+    name = options["name"]
     where = servers_text(servers)
     try:
         async with asyncio.timeout(connect_deadline):

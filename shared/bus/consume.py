@@ -433,11 +433,7 @@ class Consumer(Generic[M]):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _bind(self) -> None:
-        self._bound = False
-        old, self._psub = self._psub, None
-        if old is not None:
-            with contextlib.suppress(Exception):
-                await old.unsubscribe()
+        await self._unbind()
         generation = self._bus.reconnects
         # Create-or-update every time: after a restart with a lost store the durable is gone,
         # and so may be its stream (the bus creates that again from its spec).
@@ -581,20 +577,25 @@ class Consumer(Generic[M]):
             return False
         return True
 
-    async def _give_up(self, msg: Any, md: Any, reason: str, error: str) -> Outcome:
-        """Stop delivering a message that can never be processed: dead-letter it, or (for a
-        consumer that only reads stored state, see :meth:`shared.bus.Bus.replay`) drop it."""
-        if self._dead_letters:
-            return await self._dead_letter(msg, md, reason, error)
-        log.warning(
-            "consumer %s/%s: skipping %s seq %d (%s): %s",
+    def _tell(self, level: int, doing: str, msg: Any, md: Any, reason: str, error: str) -> None:
+        log.log(
+            level,
+            "consumer %s/%s: %s %s seq %d (%s): %s",
             self.stream,
             self.durable,
+            doing,
             msg.subject,
             md.sequence.stream,
             reason,
             error,
         )
+
+    async def _give_up(self, msg: Any, md: Any, reason: str, error: str) -> Outcome:
+        """Stop delivering a message that can never be processed: dead-letter it, or (for a
+        consumer that only reads stored state, see :meth:`shared.bus.Bus.replay`) drop it."""
+        if self._dead_letters:
+            return await self._dead_letter(msg, md, reason, error)
+        self._tell(logging.WARNING, "skipping", msg, md, reason, error)
         if await self._settle(msg.term(), "term"):
             metrics.BUS_MESSAGES_TERMINATED.labels(**self._labels, reason=reason).inc()
         return Outcome.DONE
@@ -604,15 +605,7 @@ class Consumer(Generic[M]):
 
         The copy is published first: if that fails the message is nak'ed, not lost.
         """
-        log.error(
-            "consumer %s/%s: dead-lettering %s seq %d (%s): %s",
-            self.stream,
-            self.durable,
-            msg.subject,
-            md.sequence.stream,
-            reason,
-            error,
-        )
+        self._tell(logging.ERROR, "dead-lettering", msg, md, reason, error)
         headers = dead_letter_headers(
             msg.headers or {},
             service=self._bus.service,

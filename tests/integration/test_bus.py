@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
 
 import msgpack
 import pytest
@@ -20,7 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
 
-from respawn.testbed.nats import start_nats
+from respawn.testbed.nats import NatsServer
 from shared import subjects
 from shared.bus import (
     DL_CONSUMER_HEADER,
@@ -40,6 +37,7 @@ from shared.bus import (
     default_streams,
 )
 from shared.messages import SCHEMA_HEADER, ObjectRef, Verdict
+from tests.nats_fixtures import dead_letters
 
 pytestmark = pytest.mark.nats
 
@@ -84,34 +82,6 @@ async def ignore(msg: Verdict, delivery: Delivery) -> None:
 
 def metric(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    b = await Bus.connect(nats_url, name=f"test-{uid()}")
-    await b.ensure_streams()
-    try:
-        yield b
-    finally:
-        await b.close()
-
-
-async def dead_letters(bus: Bus, count: int) -> list[Any]:
-    """The first ``count`` dead letters this bus's service wrote (read without consuming them)."""
-    sub = await bus.js.pull_subscribe(
-        subjects.dead_letter(bus.service),
-        stream=subjects.DEAD_LETTER_STREAM,
-        config=api.ConsumerConfig(ack_policy=api.AckPolicy.NONE, inactive_threshold=30.0),
-    )
-    try:
-        got: list[Any] = []
-        deadline = time.monotonic() + 15
-        while len(got) < count and time.monotonic() < deadline:
-            with contextlib.suppress(TimeoutError):
-                got += await sub.fetch(count - len(got), timeout=1.0)
-        return got
-    finally:
-        await sub.unsubscribe()
 
 
 # ------------------------------------------------------------------ set-up
@@ -396,37 +366,29 @@ async def test_stop_is_prompt_and_readiness_follows(bus: Bus) -> None:
     assert consumer not in bus.consumers
 
 
-async def test_consumer_keeps_working_across_a_server_restart(tmp_path: Path) -> None:
-    server = await asyncio.to_thread(start_nats, tmp_path / "nats")
-    try:
-        b = await Bus.connect(server.url, name=f"test-{uid()}")
-        try:
-            await b.ensure_streams()
-            subject = subjects.verdict("restart", uid())
-            handled: list[int] = []
+async def test_consumer_keeps_working_across_a_server_restart(own_nats: NatsServer, own_bus: Bus) -> None:
+    server, b = own_nats, own_bus
+    subject = subjects.verdict("restart", uid())
+    handled: list[int] = []
 
-            async def handler(msg: Verdict, delivery: Delivery) -> None:
-                handled.append(msg.seq)
+    async def handler(msg: Verdict, delivery: Delivery) -> None:
+        handled.append(msg.seq)
 
-            await b.consume(subjects.VERDICTS_STREAM, "restart", subject, Verdict, handler, fetch_timeout=0.5)
-            await b.publish(subject, verdict("a", seq=1), msg_id="one")
-            await eventually(lambda: handled == [1], what="the message before the restart")
+    await b.consume(subjects.VERDICTS_STREAM, "restart", subject, Verdict, handler, fetch_timeout=0.5)
+    await b.publish(subject, verdict("a", seq=1), msg_id="one")
+    await eventually(lambda: handled == [1], what="the message before the restart")
 
-            await asyncio.to_thread(server.stop)
-            await eventually(lambda: not b.ready(), what="readiness to drop with the server")
-            # A publish while the server is down keeps retrying until JetStream is back...
-            pending = asyncio.create_task(b.publish(subject, verdict("a", seq=2), msg_id="two"))
-            await asyncio.to_thread(server.start)
-            await asyncio.wait_for(pending, 30)
-            # ...and the consumer re-binds after reconnecting and goes on.
-            await b.publish(subject, verdict("a", seq=3), msg_id="three")
-            await eventually(lambda: handled == [1, 2, 3], within=30, what="the messages after the restart")
-            assert b.reconnects >= 1
-            await eventually(b.ready, what="readiness after the restart")
-        finally:
-            await b.close()
-    finally:
-        await asyncio.to_thread(server.stop)
+    await asyncio.to_thread(server.stop)
+    await eventually(lambda: not b.ready(), what="readiness to drop with the server")
+    # A publish while the server is down keeps retrying until JetStream is back...
+    pending = asyncio.create_task(b.publish(subject, verdict("a", seq=2), msg_id="two"))
+    await asyncio.to_thread(server.start)
+    await asyncio.wait_for(pending, 30)
+    # ...and the consumer re-binds after reconnecting and goes on.
+    await b.publish(subject, verdict("a", seq=3), msg_id="three")
+    await eventually(lambda: handled == [1, 2, 3], within=30, what="the messages after the restart")
+    assert b.reconnects >= 1
+    await eventually(b.ready, what="readiness after the restart")
 
 
 async def test_trace_context_round_trips_from_producer_to_consumer(nats_url: str) -> None:

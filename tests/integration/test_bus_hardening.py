@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import shutil
 import time
@@ -43,7 +42,9 @@ from shared.bus import (
     DL_TRUNCATED_HEADER,
     TTL_HEADER,
     Bus,
+    Consumer,
     Delivery,
+    Handler,
     PermanentPublishError,
     StreamLimits,
     StreamSpec,
@@ -51,6 +52,7 @@ from shared.bus import (
 )
 from shared.bus.streams import LIMITS_METADATA
 from shared.messages import AppWrapperObservation, NodeObservation, ObjectRef, Verdict
+from tests.nats_fixtures import dead_letters
 from tests.waiting import until
 
 pytestmark = pytest.mark.nats
@@ -80,38 +82,6 @@ def appwrapper(name: str, *, body_bytes: int = 0, deleted: bool = False) -> AppW
         observed_at=NOW,
         body={"spec": {"blob": "x" * body_bytes}} if body_bytes else {},
     )
-
-
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    b = await Bus.connect(nats_url, name=f"test-{uid()}")
-    await b.ensure_streams()
-    try:
-        yield b
-    finally:
-        await b.close()
-
-
-async def read_all(bus: Bus, stream: str, subject: str, count: int, *, within: float = 15.0) -> list[Any]:
-    """The first ``count`` messages on ``subject`` (read without consuming them)."""
-    sub = await bus.js.pull_subscribe(
-        subject,
-        stream=stream,
-        config=api.ConsumerConfig(ack_policy=api.AckPolicy.NONE, inactive_threshold=30.0),
-    )
-    try:
-        got: list[Any] = []
-        deadline = time.monotonic() + within
-        while len(got) < count and time.monotonic() < deadline:
-            with contextlib.suppress(TimeoutError):
-                got += await sub.fetch(count - len(got), timeout=1.0)
-        return got
-    finally:
-        await sub.unsubscribe()
-
-
-async def dead_letters(bus: Bus, count: int) -> list[Any]:
-    return await read_all(bus, subjects.DEAD_LETTER_STREAM, subjects.dead_letter(bus.service), count)
 
 
 async def subject_count(bus: Bus, stream: str, subject: str) -> int:
@@ -452,75 +422,63 @@ async def wipe_and_restart(server: NatsServer) -> None:
     await asyncio.to_thread(server.start)
 
 
-async def test_streams_and_consumers_come_back_after_the_server_loses_its_store(tmp_path: Path) -> None:
-    server = await asyncio.to_thread(start_nats, tmp_path / "nats")
-    b = await Bus.connect(server.url, name=f"test-{uid()}")
-    try:
-        await b.ensure_streams()
-        verdicts: list[int] = []
-        nodes: list[str] = []
+async def test_streams_and_consumers_come_back_after_the_server_loses_its_store(
+    own_nats: NatsServer, own_bus: Bus
+) -> None:
+    server, b = own_nats, own_bus
+    verdicts: list[int] = []
+    nodes: list[str] = []
 
-        async def on_verdict(msg: Verdict, delivery: Delivery) -> None:
-            verdicts.append(msg.seq)
+    async def on_verdict(msg: Verdict, delivery: Delivery) -> None:
+        verdicts.append(msg.seq)
 
-        async def on_node(msg: NodeObservation, delivery: Delivery) -> None:
-            nodes.append(msg.name)
+    async def on_node(msg: NodeObservation, delivery: Delivery) -> None:
+        nodes.append(msg.name)
 
-        subject = subjects.verdict("ns", "lost")
-        await b.consume(
-            subjects.VERDICTS_STREAM, "lifecycle-verdicts", subject, Verdict, on_verdict, fetch_timeout=0.5
-        )
-        replay = await b.replay(
-            subjects.OBSERVATIONS_STREAM,
-            f"health-{uid()}",
-            subjects.node_obs_filter(),
-            NodeObservation,
-            on_node,
-        )
-        await replay.wait_caught_up()
-        await b.publish(subject, verdict("lost", seq=1), msg_id="one")
-        await b.publish(subjects.node_obs("n1"), NodeObservation(name="n1", observed_at=NOW), msg_id=None)
-        await until("both consumers before the loss", lambda: verdicts == [1] and nodes == ["n1"])
-        await until("readiness", b.ready)
+    subject = subjects.verdict("ns", "lost")
+    await b.consume(
+        subjects.VERDICTS_STREAM, "lifecycle-verdicts", subject, Verdict, on_verdict, fetch_timeout=0.5
+    )
+    replay = await b.replay(
+        subjects.OBSERVATIONS_STREAM,
+        f"health-{uid()}",
+        subjects.node_obs_filter(),
+        NodeObservation,
+        on_node,
+    )
+    await replay.wait_caught_up()
+    await b.publish(subject, verdict("lost", seq=1), msg_id="one")
+    await b.publish(subjects.node_obs("n1"), NodeObservation(name="n1", observed_at=NOW), msg_id=None)
+    await until("both consumers before the loss", lambda: verdicts == [1] and nodes == ["n1"])
+    await until("readiness", b.ready)
 
-        await asyncio.to_thread(server.stop)
-        await until("readiness to drop with the server", lambda: not b.ready())
-        shutil.rmtree(server.store_dir)  # the store is gone: no streams, no consumers
-        await asyncio.to_thread(server.start)
+    await asyncio.to_thread(server.stop)
+    await until("readiness to drop with the server", lambda: not b.ready())
+    shutil.rmtree(server.store_dir)  # the store is gone: no streams, no consumers
+    await asyncio.to_thread(server.start)
 
-        # Without a restart of the client: streams and durables are created again from their specs.
-        await until("readiness after the store came back", b.ready, within=30)
-        await b.publish(subject, verdict("lost", seq=2), msg_id="two")
-        await b.publish(subjects.node_obs("n2"), NodeObservation(name="n2", observed_at=NOW), msg_id=None)
-        await until(
-            "both consumers after the loss", lambda: verdicts == [1, 2] and nodes[-1] == "n2", within=30
-        )
-        config = (await b.js.stream_info(subjects.OBSERVATIONS_STREAM)).config
-        assert config.allow_msg_ttl and config.max_msgs_per_subject == 1 and config.max_bytes > 0
-        durable = await b.js.consumer_info(subjects.VERDICTS_STREAM, "lifecycle-verdicts")
-        assert durable.config.filter_subject == subject and durable.config.max_deliver == 10
-    finally:
-        await b.close()
-        await asyncio.to_thread(server.stop)
+    # Without a restart of the client: streams and durables are created again from their specs.
+    await until("readiness after the store came back", b.ready, within=30)
+    await b.publish(subject, verdict("lost", seq=2), msg_id="two")
+    await b.publish(subjects.node_obs("n2"), NodeObservation(name="n2", observed_at=NOW), msg_id=None)
+    await until("both consumers after the loss", lambda: verdicts == [1, 2] and nodes[-1] == "n2", within=30)
+    config = (await b.js.stream_info(subjects.OBSERVATIONS_STREAM)).config
+    assert config.allow_msg_ttl and config.max_msgs_per_subject == 1 and config.max_bytes > 0
+    durable = await b.js.consumer_info(subjects.VERDICTS_STREAM, "lifecycle-verdicts")
+    assert durable.config.filter_subject == subject and durable.config.max_deliver == 10
 
 
-async def test_a_publisher_alone_creates_its_stream_again(tmp_path: Path) -> None:
+async def test_a_publisher_alone_creates_its_stream_again(own_nats: NatsServer, own_bus: Bus) -> None:
     """The watcher has no consumer that would notice: its publish does."""
-    server = await asyncio.to_thread(start_nats, tmp_path / "nats")
-    b = await Bus.connect(server.url, name=f"test-{uid()}")
-    try:
-        await b.ensure_streams()
-        subject = subjects.node_obs("n1")
-        await b.publish(subject, NodeObservation(name="n1", observed_at=NOW), msg_id=None)
-        await wipe_and_restart(server)
-        published = await b.publish(
-            subject, NodeObservation(name="n1", observed_at=NOW), msg_id=None, retry_for=30
-        )
-        assert (published.stream, published.seq) == (subjects.OBSERVATIONS_STREAM, 1)  # a new, empty stream
-        assert (await b.js.stream_info(subjects.OBSERVATIONS_STREAM)).config.allow_msg_ttl
-    finally:
-        await b.close()
-        await asyncio.to_thread(server.stop)
+    server, b = own_nats, own_bus
+    subject = subjects.node_obs("n1")
+    await b.publish(subject, NodeObservation(name="n1", observed_at=NOW), msg_id=None)
+    await wipe_and_restart(server)
+    published = await b.publish(
+        subject, NodeObservation(name="n1", observed_at=NOW), msg_id=None, retry_for=30
+    )
+    assert (published.stream, published.seq) == (subjects.OBSERVATIONS_STREAM, 1)  # a new, empty stream
+    assert (await b.js.stream_info(subjects.OBSERVATIONS_STREAM)).config.allow_msg_ttl
 
 
 async def test_readiness_says_why_while_the_stream_cannot_be_created_again(bus: Bus) -> None:
@@ -559,6 +517,18 @@ async def test_readiness_says_why_while_the_stream_cannot_be_created_again(bus: 
 # ------------------------------------------------------------------ 5. poison messages
 
 
+async def consume_verdicts(bus: Bus, ns: str, handler: Handler[Verdict], **options: Any) -> Consumer[Verdict]:
+    """A consumer of the verdicts of namespace ``ns``, under a durable of its own."""
+    return await bus.consume(
+        subjects.VERDICTS_STREAM,
+        f"t_{uid()}",
+        f"{subjects.VERDICT_PREFIX}.{ns}.*",
+        Verdict,
+        handler,
+        **options,
+    )
+
+
 async def test_a_poison_message_is_dead_lettered_and_other_keys_and_later_messages_go_on(bus: Bus) -> None:
     run = uid()
     ns = f"poison{run}"
@@ -576,15 +546,7 @@ async def test_a_poison_message_is_dead_lettered_and_other_keys_and_later_messag
     await bus.publish(poison, verdict("bad", seq=2), msg_id=None)
     for seq in (1, 2, 3):
         await bus.publish(other, verdict("good", seq=seq), msg_id=None)
-    await bus.consume(
-        subjects.VERDICTS_STREAM,
-        f"t_{uid()}",
-        f"{subjects.VERDICT_PREFIX}.{ns}.*",
-        Verdict,
-        handler,
-        concurrency=4,
-        max_deliver=3,
-    )
+    await consume_verdicts(bus, ns, handler, concurrency=4, max_deliver=3)
     # Neither the other key nor the poison key's next message waits for the poison one.
     await until(
         "the other messages", lambda: {("good", 1), ("good", 2), ("good", 3), ("bad", 2)} <= set(handled)
@@ -619,15 +581,7 @@ async def test_retries_asked_for_do_not_count_toward_the_error_budget(bus: Bus) 
 
     await bus.publish(held, verdict("held", seq=1), msg_id=None)
     await bus.publish(poison, verdict("poison", seq=1), msg_id=None)
-    await bus.consume(
-        subjects.VERDICTS_STREAM,
-        f"t_{uid()}",
-        f"{subjects.VERDICT_PREFIX}.{ns}.*",
-        Verdict,
-        handler,
-        max_deliver=100_000,
-        max_errors=2,
-    )
+    await consume_verdicts(bus, ns, handler, max_deliver=100_000, max_errors=2)
     base = {"service": bus.service, "stream": subjects.VERDICTS_STREAM}
     await until(
         "the failing message's dead letter",

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 
 import nats.js.errors
 import pytest
 
-from respawn.testbed.nats import start_nats
+from respawn.testbed.nats import NatsServer
 from shared import subjects
-from shared.bus import Bus, BusError, Delivery, Replay, StreamSpec, TransientError
+from shared.bus import Bus, BusError, Delivery, Handler, Replay, StreamSpec, TransientError
+from shared.bus.replay import CaughtUp
 from shared.messages import ObjectRef, Verdict
 from tests.waiting import until
 
@@ -78,16 +77,6 @@ class Recorder:
         self.at_catch_up.append(list(self.handled))
 
 
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    b = await Bus.connect(nats_url, name=f"test-{uid()}")
-    await b.ensure_streams()  # the dead-letter stream among them
-    try:
-        yield b
-    finally:
-        await b.close()
-
-
 async def publish(bus: Bus, stream: Stream, *keys: str) -> None:
     for index, key in enumerate(keys):
         await bus.publish(stream.subject(key), verdict(key, index), msg_id=None)
@@ -102,18 +91,42 @@ async def consumer_exists(bus: Bus, stream: str, durable: str) -> bool:
 
 
 async def replay(
-    bus: Bus, stream: Stream, recorder: Recorder, *, durable: str | None = None, **options: object
+    bus: Bus,
+    stream: Stream,
+    recorder: Recorder,
+    *,
+    handler: Handler[Verdict] | None = None,
+    filter_subjects: str | None = None,
+    on_caught_up: CaughtUp | None = None,
+    durable: str | None = None,
+    **options: object,
 ) -> Replay[Verdict]:
+    """A replay of ``stream`` (or of ``filter_subjects``) into ``recorder`` (or ``handler``),
+    whose idle fetch waits NEVER unless told otherwise."""
     options.setdefault("fetch_timeout", NEVER)
     return await bus.replay(
         stream.name,
         durable or f"t_{uid()}",
-        stream.everything,
+        filter_subjects or stream.everything,
         Verdict,
-        recorder.handle,
-        on_caught_up=recorder.caught_up,
+        handler or recorder.handle,
+        on_caught_up=on_caught_up or recorder.caught_up,
         **options,  # type: ignore[arg-type]
     )
+
+
+def held(recorder: Recorder) -> tuple[Handler[Verdict], asyncio.Event, asyncio.Event]:
+    """A handler into ``recorder`` that sets ``entered`` at its first message and holds that one
+    until ``release`` is set."""
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def handle(message: Verdict, delivery: Delivery) -> None:
+        if not entered.is_set():
+            entered.set()
+            await release.wait()
+        await recorder.handle(message, delivery)
+
+    return handle, entered, release
 
 
 # ------------------------------------------------------------------ the end of the replay
@@ -145,15 +158,7 @@ async def test_an_empty_stream_or_subject_set_is_caught_up_from_the_consumers_co
     # Messages on other subjects of the stream are not the replay's: its subject set is empty.
     await publish(bus, stream, "other")
     only = Recorder()
-    r = await bus.replay(
-        stream.name,
-        f"t_{uid()}",
-        stream.subject("mine"),
-        Verdict,
-        only.handle,
-        on_caught_up=only.caught_up,
-        fetch_timeout=NEVER,
-    )
+    r = await replay(bus, stream, only, filter_subjects=stream.subject("mine"))
     await asyncio.wait_for(r.wait_caught_up(), SOON)
     assert only.at_catch_up == [[]]
 
@@ -170,15 +175,7 @@ async def test_messages_published_during_the_replay_cannot_hold_it_open(bus: Bus
             # Always one more behind this one: no delivery ever has nothing pending.
             await bus.publish(stream.subject(f"new{delivery.stream_seq}"), verdict("new"), msg_id=None)
 
-    r = await bus.replay(
-        stream.name,
-        f"t_{uid()}",
-        stream.everything,
-        Verdict,
-        handle,
-        on_caught_up=seen.caught_up,
-        fetch_timeout=NEVER,
-    )
+    r = await replay(bus, stream, seen, handler=handle)
     replays.append(r)
     await asyncio.wait_for(r.wait_caught_up(), SOON)
     # Caught up when the last message stored at the start was handled, not later.
@@ -199,15 +196,7 @@ async def test_a_message_handed_back_for_a_retry_holds_the_replay_open(bus: Bus)
             raise TransientError("not yet", delay=0.5)
         await seen.handle(message, delivery)
 
-    r = await bus.replay(
-        stream.name,
-        f"t_{uid()}",
-        stream.everything,
-        Verdict,
-        handle,
-        on_caught_up=seen.caught_up,
-        fetch_timeout=NEVER,
-    )
+    r = await replay(bus, stream, seen, handler=handle)
     await asyncio.wait_for(r.wait_caught_up(), SOON)
     # The last message was handled before the first came back, yet the end waited for it.
     assert retried == [1]
@@ -258,24 +247,9 @@ async def test_a_consumer_deleted_during_the_replay_is_created_again_and_the_rep
     stream = await new_stream(bus)
     await publish(bus, stream, "a", "b", "c")
     seen = Recorder()
-    entered, release = asyncio.Event(), asyncio.Event()
-
-    async def handle(message: Verdict, delivery: Delivery) -> None:
-        if not entered.is_set():
-            entered.set()
-            await release.wait()
-        await seen.handle(message, delivery)
-
+    handle, entered, release = held(seen)
     durable = f"t_{uid()}"
-    r = await bus.replay(
-        stream.name,
-        durable,
-        stream.everything,
-        Verdict,
-        handle,
-        on_caught_up=seen.caught_up,
-        fetch_timeout=NEVER,
-    )
+    r = await replay(bus, stream, seen, handler=handle, durable=durable)
     await asyncio.wait_for(entered.wait(), SOON)
     await bus.js.delete_consumer(stream.name, durable)
     release.set()
@@ -285,46 +259,26 @@ async def test_a_consumer_deleted_during_the_replay_is_created_again_and_the_rep
     assert await consumer_exists(bus, stream.name, durable)
 
 
-async def test_a_server_restart_during_the_replay_does_not_lose_it(tmp_path: Path) -> None:
-    server = await asyncio.to_thread(start_nats, tmp_path / "nats")
-    try:
-        b = await Bus.connect(server.url, name=f"test-{uid()}")
-        try:
-            stream = await new_stream(b)
-            await publish(b, stream, "a", "b", "c")
-            seen = Recorder()
-            entered, release = asyncio.Event(), asyncio.Event()
-
-            async def handle(message: Verdict, delivery: Delivery) -> None:
-                if not entered.is_set():
-                    entered.set()
-                    await release.wait()
-                await seen.handle(message, delivery)
-
-            r = await b.replay(
-                stream.name,
-                f"t_{uid()}",
-                stream.everything,
-                Verdict,
-                handle,
-                on_caught_up=seen.caught_up,
-                fetch_timeout=NEVER,
-            )
-            await asyncio.wait_for(entered.wait(), SOON)
-            await asyncio.to_thread(server.stop)
-            await until("the bus to see the server gone", lambda: not b.connected)
-            await asyncio.to_thread(server.start)
-            await until("the bus to reconnect", lambda: b.connected and b.reconnects >= 1, within=30)
-            release.set()
-            await asyncio.wait_for(r.wait_caught_up(), 30)
-            # The consumer survived in the server's store; the unacknowledged first message may
-            # come again, but nothing is missing and nothing came after the end.
-            assert set(seen.at_catch_up[0]) == {1, 2, 3} and seen.at_catch_up[0][-1] == 3
-            assert len(seen.at_catch_up) == 1
-        finally:
-            await b.close()
-    finally:
-        await asyncio.to_thread(server.stop)
+async def test_a_server_restart_during_the_replay_does_not_lose_it(
+    own_nats: NatsServer, own_bus: Bus
+) -> None:
+    server, b = own_nats, own_bus
+    stream = await new_stream(b)
+    await publish(b, stream, "a", "b", "c")
+    seen = Recorder()
+    handle, entered, release = held(seen)
+    r = await replay(b, stream, seen, handler=handle)
+    await asyncio.wait_for(entered.wait(), SOON)
+    await asyncio.to_thread(server.stop)
+    await until("the bus to see the server gone", lambda: not b.connected)
+    await asyncio.to_thread(server.start)
+    await until("the bus to reconnect", lambda: b.connected and b.reconnects >= 1, within=30)
+    release.set()
+    await asyncio.wait_for(r.wait_caught_up(), 30)
+    # The consumer survived in the server's store; the unacknowledged first message may
+    # come again, but nothing is missing and nothing came after the end.
+    assert set(seen.at_catch_up[0]) == {1, 2, 3} and seen.at_catch_up[0][-1] == 3
+    assert len(seen.at_catch_up) == 1
 
 
 async def test_stop_and_close_delete_the_replays_consumer(bus: Bus, nats_url: str) -> None:
@@ -379,15 +333,7 @@ async def test_a_failing_catch_up_is_retried_until_it_succeeds(bus: Bus) -> None
             raise TransientError("the first attempt fails")
 
     seen = Recorder()
-    r = await bus.replay(
-        stream.name,
-        f"t_{uid()}",
-        stream.everything,
-        Verdict,
-        seen.handle,
-        on_caught_up=catch_up,
-        fetch_timeout=NEVER,
-    )
+    r = await replay(bus, stream, seen, on_caught_up=catch_up)
     await asyncio.wait_for(r.wait_caught_up(), SOON)
     assert calls == [1, 2]
     assert r.caught_up

@@ -18,16 +18,12 @@ import base64
 import json
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-import nats
-import nats.errors
-import nats.js.errors
 import pytest
 import yaml
 
@@ -36,7 +32,7 @@ from respawn.testbed import manifests, sim
 from respawn.testbed.cluster import kubectl, kubectl_binary
 from respawn.testbed.manifests import job_appwrapper
 from respawn.testbed.modes import Endpoints
-from respawn.testbed.nats import NatsServer, find_nats_server, start_nats
+from respawn.testbed.nats import find_nats_server
 from respawn.testbed.services import ServiceProcess, spawn_service
 from shared import subjects
 from shared.appwrapper.model import read_appwrapper
@@ -52,6 +48,7 @@ from shared.messages import (
     Verdict,
     decode,
 )
+from tests.integration.natsauth_fixtures import AuthNats, client, start_auth_nats
 from tests.integration.objects import (
     FAST_RESET,
     apply,
@@ -650,72 +647,15 @@ def test_health_and_autopilot_tokens_can_do_nothing(
 # ------------------------------------------------------------- NATS with the generated auth
 
 
-@dataclass
-class AuthNats:
-    url: str
-    passwords: dict[str, str]
-    server: NatsServer
-
-
 @pytest.fixture(scope="module")
 def auth_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthNats]:
     """A nats-server started with the committed auth.conf; passwords come from its environment."""
-    passwords = {u.name: natsauth.generate_password() for u in natsauth.default_users()}
-    with pytest.MonkeyPatch.context() as env:
-        for user, password in passwords.items():
-            env.setenv(natsauth.password_variable(user), password)
-        server = start_nats(tmp_path_factory.mktemp("nats-auth"), config_file=AUTH_CONF)
+    users = [u.name for u in natsauth.default_users()]
+    auth = start_auth_nats(tmp_path_factory.mktemp("nats-auth"), AUTH_CONF, users)
     try:
-        yield AuthNats(server.url, passwords, server)
+        yield auth
     finally:
-        server.stop()
-
-
-@dataclass
-class Client:
-    """A plain nats-py connection as one user, keeping the server's permission errors."""
-
-    nc: Any
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def js(self) -> Any:
-        return self.nc.jetstream(timeout=2.0)
-
-    def refusals(self) -> str:
-        return "\n".join(e for e in self.errors if "permissions violation" in e.lower())
-
-    async def wait_refused(self, what: str, subject: str) -> None:
-        await until(
-            f"the server to refuse {what} {subject!r} (refusals so far: {self.refusals()})",
-            # nats-py lowercases the server's error text, subject included.
-            lambda: f'{what} to "{subject}"'.lower() in self.refusals().lower(),
-            within=5,
-        )
-
-
-@asynccontextmanager
-async def client(auth: AuthNats, user: str, *, inbox_prefix: str | None = None) -> AsyncIterator[Client]:
-    errors: list[str] = []
-
-    async def on_error(exc: Exception) -> None:
-        errors.append(str(exc))
-
-    options: dict[str, Any] = {}
-    if inbox_prefix is not None:
-        options["inbox_prefix"] = inbox_prefix
-    nc = await nats.connect(
-        auth.url,
-        user=user,
-        password=auth.passwords[user],
-        error_cb=on_error,
-        allow_reconnect=False,
-        **options,
-    )
-    try:
-        yield Client(nc, errors)
-    finally:
-        await nc.close()
+        auth.server.stop()
 
 
 def subscriber(auth: AuthNats) -> Any:

@@ -91,78 +91,40 @@ async def connected(testbed: Endpoints) -> AsyncIterator[tuple[Kube, Bus]]:
 Hook = Callable[[str, str, str], Any]
 
 
+def _named(verb: str, args: tuple[Any, ...], kw: Mapping[str, Any]) -> str:
+    """The name of the object a call of ``verb`` (with lifecycle's arguments) is about."""
+    if verb == "list":
+        return ""
+    if verb in ("get", "patch", "delete"):
+        return str(args[1] if len(args) > 1 else kw["name"])
+    body = args[1] if len(args) > 1 else kw["body"]
+    return str((body.get("metadata") or {}).get("name") or "")
+
+
 class Wrapped:
     """The real client, with a hook before each call (to crash there, or to act as someone else
-    acting at that moment). Nothing is faked: every call goes to the API server."""
+    acting at that moment). Nothing is faked: every call goes to the API server. Each call is
+    passed on as made (rather than through a copy of every signature of shared.kube.Kube)."""
+
+    HOOKED = frozenset({"get", "list", "create", "replace", "replace_status", "patch", "delete"})
 
     def __init__(self, kube: Kube, before: Hook | None = None) -> None:
         self.kube = kube
         self.before = before
 
-    async def _hook(self, verb: str, ref: ResourceRef, name: str) -> None:
-        if self.before is not None:
-            result = self.before(verb, ref.plural, name)
-            if asyncio.iscoroutine(result):
-                await result
+    def __getattr__(self, verb: str) -> Any:
+        call = getattr(self.kube, verb)
+        if verb not in self.HOOKED:
+            return call
 
-    async def resource(self, api_version: str, kind: str) -> ResourceRef:
-        return await self.kube.resource(api_version, kind)
+        async def hooked(ref: ResourceRef, *args: Any, **kw: Any) -> Any:
+            if self.before is not None:
+                result = self.before(verb, ref.plural, _named(verb, (ref, *args), kw))
+                if asyncio.iscoroutine(result):
+                    await result
+            return await call(ref, *args, **kw)
 
-    async def get(self, ref: ResourceRef, name: str, namespace: str | None = None) -> dict[str, Any]:
-        await self._hook("get", ref, name)
-        return await self.kube.get(ref, name, namespace)
-
-    async def list(self, ref: ResourceRef, namespace: str | None = None, **query: Any) -> dict[str, Any]:
-        await self._hook("list", ref, "")
-        return await self.kube.list(ref, namespace, **query)
-
-    async def create(
-        self,
-        ref: ResourceRef,
-        body: Mapping[str, Any],
-        namespace: str | None = None,
-        *,
-        dry_run: bool = False,
-    ) -> dict[str, Any]:
-        await self._hook("create", ref, str((body.get("metadata") or {}).get("name") or ""))
-        return await self.kube.create(ref, body, namespace, dry_run=dry_run)
-
-    async def replace(self, ref: ResourceRef, body: Mapping[str, Any]) -> dict[str, Any]:
-        await self._hook("replace", ref, body["metadata"]["name"])
-        return await self.kube.replace(ref, body)
-
-    async def replace_status(self, ref: ResourceRef, body: Mapping[str, Any]) -> dict[str, Any]:
-        await self._hook("replace_status", ref, body["metadata"]["name"])
-        return await self.kube.replace_status(ref, body)
-
-    async def patch(
-        self,
-        ref: ResourceRef,
-        name: str,
-        patch: Any,
-        namespace: str | None = None,
-        *,
-        patch_type: str = "application/merge-patch+json",
-    ) -> dict[str, Any]:
-        await self._hook("patch", ref, name)
-        return await self.kube.patch(ref, name, patch, namespace, patch_type=patch_type)
-
-    async def delete(
-        self,
-        ref: ResourceRef,
-        name: str,
-        namespace: str | None = None,
-        *,
-        grace_period_seconds: int | None = None,
-        uid: str | None = None,
-    ) -> dict[str, Any] | None:
-        await self._hook("delete", ref, name)
-        return await self.kube.delete(
-            ref, name, namespace, grace_period_seconds=grace_period_seconds, uid=uid
-        )
-
-    async def create_event(self, involved: Mapping[str, Any], **kw: Any) -> None:
-        await self.kube.create_event(involved, **kw)
+        return hooked
 
 
 class Publishing:
@@ -446,14 +408,19 @@ async def test_a_read_that_fails_never_turns_into_a_delete_by_name(
 # ------------------------------------------------------ 3. generated names: created once
 
 
+def apply_generating(kubeconfig: Path, namespace: str, name: str) -> None:
+    """Apply an AppWrapper ``name`` whose Job has only a generateName (``<name>-job-``)."""
+    manifest = manifests.job_appwrapper(name, annotations=FAST)
+    job_meta = manifest["spec"]["components"][0]["template"]["metadata"]
+    job_meta["generateName"] = job_meta.pop("name") + "-"
+    apply(kubeconfig, namespace, manifest)
+
+
 async def test_a_generated_name_create_whose_status_write_conflicts_is_adopted_not_duplicated(
     testbed: Endpoints, appwrapper_crd: Path, namespace: str
 ) -> None:
     kc = testbed.kubeconfig
-    manifest = manifests.job_appwrapper("gen", annotations=FAST)
-    job_meta = manifest["spec"]["components"][0]["template"]["metadata"]
-    job_meta["generateName"] = job_meta.pop("name") + "-"
-    apply(kc, namespace, manifest)
+    apply_generating(kc, namespace, "gen")
     async with connected(testbed) as (kube, bus):
         where = await refs(kube)
         created = False
@@ -487,10 +454,7 @@ async def test_a_generated_name_create_followed_by_a_kill_is_adopted_by_the_next
     testbed: Endpoints, appwrapper_crd: Path, namespace: str
 ) -> None:
     kc = testbed.kubeconfig
-    manifest = manifests.job_appwrapper("genkill", annotations=FAST)
-    job_meta = manifest["spec"]["components"][0]["template"]["metadata"]
-    job_meta["generateName"] = job_meta.pop("name") + "-"
-    apply(kc, namespace, manifest)
+    apply_generating(kc, namespace, "genkill")
     async with connected(testbed) as (kube, bus):
         where = await refs(kube)
 

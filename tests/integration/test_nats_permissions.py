@@ -24,7 +24,7 @@ import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,6 @@ from nats.js import api
 
 from respawn import natsauth
 from respawn.cli import explain, tail
-from respawn.testbed.nats import NatsServer, start_nats
 from shared import subjects
 from shared.bus import Bus, Delivery, default_streams, replay_consumer_name
 from shared.messages import (
@@ -52,6 +51,8 @@ from shared.messages import (
     Verdict,
     decode,
 )
+from tests.integration import natsauth_fixtures
+from tests.integration.natsauth_fixtures import AuthNats, Client, start_auth_nats
 from tests.waiting import until
 
 pytestmark = pytest.mark.nats
@@ -77,13 +78,6 @@ def now() -> datetime:
 # ------------------------------------------------------------------------------- the server
 
 
-@dataclass
-class AuthNats:
-    url: str
-    passwords: dict[str, str]
-    server: NatsServer
-
-
 def _config_with_observer(directory: Path) -> Path:
     """The committed auth.conf, plus an observer with every right in Respawn's account."""
     committed = AUTH_CONF.read_text()
@@ -99,13 +93,7 @@ def _config_with_observer(directory: Path) -> Path:
 
 def _start(directory: Path) -> AuthNats:
     users = [*(u.name for u in natsauth.default_users()), OBSERVER]
-    passwords = {name: natsauth.generate_password() for name in users}
-    config = _config_with_observer(directory)
-    with pytest.MonkeyPatch.context() as env:
-        for user, password in passwords.items():
-            env.setenv(natsauth.password_variable(user), password)
-        server = start_nats(directory / "nats", config_file=config)
-    return AuthNats(server.url, passwords, server)
+    return start_auth_nats(directory / "nats", _config_with_observer(directory), users)
 
 
 @pytest.fixture(scope="module")
@@ -127,59 +115,10 @@ def fresh_nats(tmp_path: Path) -> Iterator[AuthNats]:
         auth.server.stop()
 
 
-@dataclass
-class Client:
-    """A plain nats-py connection as one user, keeping the server's permission errors."""
-
-    nc: Any
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def js(self) -> Any:
-        return self.nc.jetstream(timeout=2.0)
-
-    def refusals(self) -> str:
-        return "\n".join(e for e in self.errors if "permissions violation" in e.lower())
-
-    async def wait_refused(self, what: str, subject: str) -> None:
-        await until(
-            f"the server to refuse {what} {subject!r} (refusals so far: {self.refusals()})",
-            # nats-py lowercases the server's error text, subject included.
-            lambda: f'{what} to "{subject}"'.lower() in self.refusals().lower(),
-            within=5,
-        )
-
-    async def publish_refused(self, subject: str, payload: bytes = b"{}") -> None:
-        await self.nc.publish(subject, payload)
-        await self.nc.flush()
-        await self.wait_refused("publish", subject)
-
-    async def api(self, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """A JetStream API request; the answer, or TimeoutError when there is none."""
-        reply = await self.nc.request(subject, json.dumps(body or {}).encode(), timeout=2.0)
-        answer: dict[str, Any] = json.loads(reply.data)
-        return answer
-
-
 @asynccontextmanager
 async def client(auth: AuthNats, user: str) -> AsyncIterator[Client]:
-    errors: list[str] = []
-
-    async def on_error(exc: Exception) -> None:
-        errors.append(str(exc))
-
-    nc = await nats.connect(
-        auth.url,
-        user=user,
-        password=auth.passwords[user],
-        error_cb=on_error,
-        allow_reconnect=False,
-        max_reconnect_attempts=1,
-    )
-    try:
-        yield Client(nc, errors)
-    finally:
-        await nc.close()
+    async with natsauth_fixtures.client(auth, user, max_reconnect_attempts=1) as c:
+        yield c
 
 
 @asynccontextmanager

@@ -199,10 +199,9 @@ def get_aw(testbed: Endpoints, namespace: str, name: str) -> dict[str, Any]:
 # Registration and users
 
 
-@pytest.fixture
-def registered(testbed: Endpoints, namespace: str, webhook: Webhook) -> Iterator[None]:
-    """Both webhooks registered for ``namespace``, and in force, until the test ends."""
-    configurations = _configurations(namespace, webhook)
+@contextmanager
+def registered_with(testbed: Endpoints, configurations: list[dict[str, Any]]) -> Iterator[None]:
+    """``configurations`` (webhook configurations) applied until the block ends."""
     kubectl(
         testbed.kubeconfig,
         "apply",
@@ -211,7 +210,6 @@ def registered(testbed: Endpoints, namespace: str, webhook: Webhook) -> Iterator
         stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": configurations}),
     )
     try:
-        _wait_in_force(testbed, namespace)
         yield
     finally:
         for conf in configurations:
@@ -223,6 +221,14 @@ def registered(testbed: Endpoints, namespace: str, webhook: Webhook) -> Iterator
                 "--ignore-not-found",
                 check=False,
             )
+
+
+@pytest.fixture
+def registered(testbed: Endpoints, namespace: str, webhook: Webhook) -> Iterator[None]:
+    """Both webhooks registered for ``namespace``, and in force, until the test ends."""
+    with registered_with(testbed, _configurations(namespace, webhook)):
+        _wait_in_force(testbed, namespace)
+        yield
 
 
 def _wait_in_force(testbed: Endpoints, namespace: str) -> None:
@@ -509,29 +515,6 @@ def test_templates_may_not_attribute_pods_to_another_appwrapper(testbed: Endpoin
     ) in " ".join(result.stderr.split())
     pod["metadata"]["labels"][APPWRAPPER_LABEL] = "thief"
     assert create(admin(testbed), namespace, body).returncode == 0
-
-
-@contextmanager
-def registered_with(testbed: Endpoints, configurations: list[dict[str, Any]]) -> Iterator[None]:
-    kubectl(
-        testbed.kubeconfig,
-        "apply",
-        "-f",
-        "-",
-        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": configurations}),
-    )
-    try:
-        yield
-    finally:
-        for conf in configurations:
-            kubectl(
-                testbed.kubeconfig,
-                "delete",
-                conf["kind"],
-                conf["metadata"]["name"],
-                "--ignore-not-found",
-                check=False,
-            )
 
 
 def test_a_mutating_webhook_that_cannot_answer_fails_closed(

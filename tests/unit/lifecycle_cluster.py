@@ -12,6 +12,10 @@ It keeps the API's rules that the lifecycle's guards rely on, and nothing more:
 - the stream drops a message whose ``Nats-Msg-Id`` it already holds (JetStream de-duplication).
 
 Faults are injected by the tests (``fail`` hooks), never by the fake deciding on its own.
+
+This is the one fake of lifecycle's ``KubeReads``/``KubeWrites`` in the tests: every call is also
+logged with its arguments (:attr:`FakeKube.sent`), so a test that only checks what lifecycle asked
+for reads that log instead of defining a recorder of its own.
 """
 
 from __future__ import annotations
@@ -44,6 +48,19 @@ def conflict(message: str = "the object has been modified") -> KubeApiError:
     return KubeApiError(409, "Conflict", message, {"reason": "Conflict"})
 
 
+@dataclass(frozen=True)
+class Sent:
+    """One call lifecycle made: the verb, the resource, the object's name and what came with it
+    (the body or patch, and the keyword arguments)."""
+
+    verb: str
+    plural: str
+    name: str
+    namespace: str | None = None
+    body: Any = None
+    kw: Mapping[str, Any] = field(default_factory=dict)
+
+
 @dataclass
 class FakeKube:
     """The calls lifecycle's reader and executor make, against dicts held here."""
@@ -51,20 +68,26 @@ class FakeKube:
     server_now: Callable[[], datetime] = lambda: T0
     objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     calls: list[tuple[str, str, str]] = field(default_factory=list)
+    sent: list[Sent] = field(default_factory=list)
     fault: Fault | None = None
+    # Lifecycle names every Event it records when it has a clock to name them by; a test of an
+    # executor made without one lets it ask the client to name them (``create_event``).
+    unnamed_events: bool = False
     _rv: itertools.count[int] = field(default_factory=lambda: itertools.count(100))
     _uid: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _gen: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     # ----------------------------------------------------------------- helpers for tests
 
-    def put(self, ref: ResourceRef, obj: dict[str, Any]) -> dict[str, Any]:
-        """Store ``obj`` as if created by someone (not lifecycle)."""
-        obj = copy.deepcopy(obj)
+    def put(self, ref: ResourceRef, obj: Mapping[str, Any], *, keep_version: bool = False) -> dict[str, Any]:
+        """Store ``obj`` as if created by someone (not lifecycle); ``keep_version``: at the
+        resourceVersion it names rather than a fresh one."""
+        obj = copy.deepcopy(dict(obj))
         meta = obj.setdefault("metadata", {})
         meta.setdefault("uid", f"uid-{next(self._uid)}")
         meta.setdefault("creationTimestamp", format_kube_time(self.server_now()))
-        meta["resourceVersion"] = str(next(self._rv))
+        if not (keep_version and meta.get("resourceVersion")):
+            meta["resourceVersion"] = str(next(self._rv))
         obj.setdefault("apiVersion", ref.api_version)
         obj.setdefault("kind", ref.kind)
         self.objects[(ref.plural, meta.get("namespace", ""), meta["name"])] = obj
@@ -81,10 +104,23 @@ class FakeKube:
             if p == ref.plural and ns == namespace
         ]
 
-    def _check(self, verb: str, ref: ResourceRef, name: str) -> None:
+    def sent_as(self, verb: str) -> list[Sent]:
+        return [s for s in self.sent if s.verb == verb]
+
+    def _check(
+        self,
+        verb: str,
+        ref: ResourceRef,
+        name: str,
+        namespace: str | None = None,
+        body: Any = None,
+        **kw: Any,
+    ) -> None:
         self.calls.append((verb, ref.plural, name))
         if self.fault is not None:
             self.fault(verb, ref.plural, name)
+        # What reached the server: a call an injected fault stopped is in ``calls`` only.
+        self.sent.append(Sent(verb, ref.plural, name, namespace, copy.deepcopy(body), kw))
 
     def _get(self, ref: ResourceRef, name: str, namespace: str | None) -> dict[str, Any]:
         found = self.objects.get((ref.plural, namespace or "", name))
@@ -92,7 +128,18 @@ class FakeKube:
             raise KubeApiError(404, "NotFound", f"{ref.plural} {name} not found", {"reason": "NotFound"})
         return found
 
+    def _to_replace(self, verb: str, ref: ResourceRef, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The stored object a PUT of ``body`` replaces (409 if ``body`` holds another version)."""
+        meta = body["metadata"]
+        self._check(verb, ref, meta["name"], meta.get("namespace"), body)
+        current = self._get(ref, meta["name"], meta.get("namespace"))
+        if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise conflict()
+        return current
+
     # ----------------------------------------------------------------- KubeReads / KubeWrites
+    # A deliberate mirror of shared.kube.Kube's signatures (as the Protocols of
+    # services/lifecycle/reader.py and executor.py are): this fake stands in for the client.
 
     async def resource(self, api_version: str, kind: str) -> ResourceRef:
         for ref in (AWS, PODS, JOBS, NODES, EVENTS):
@@ -101,11 +148,11 @@ class FakeKube:
         raise KubeApiError(404, "NotFound", f"kind {kind} is not served")
 
     async def get(self, ref: ResourceRef, name: str, namespace: str | None = None) -> dict[str, Any]:
-        self._check("get", ref, name)
+        self._check("get", ref, name, namespace)
         return copy.deepcopy(self._get(ref, name, namespace))
 
     async def list(self, ref: ResourceRef, namespace: str | None = None, **query: Any) -> dict[str, Any]:
-        self._check("list", ref, "")
+        self._check("list", ref, "", namespace, **query)
         selector = str(query.get("labelSelector", ""))
         key, _, value = selector.partition("=")
         items = [
@@ -129,7 +176,7 @@ class FakeKube:
         meta = obj.setdefault("metadata", {})
         if not meta.get("name"):
             meta["name"] = f"{meta.get('generateName', '')}{next(self._gen):05d}"
-        self._check("create", ref, meta["name"])
+        self._check("create", ref, meta["name"], namespace, body, dry_run=dry_run)
         meta["namespace"] = namespace or meta.get("namespace", "")
         if (ref.plural, meta["namespace"], meta["name"]) in self.objects:
             raise KubeApiError(
@@ -144,10 +191,7 @@ class FakeKube:
 
     async def replace(self, ref: ResourceRef, body: Mapping[str, Any]) -> dict[str, Any]:
         meta = body["metadata"]
-        self._check("replace", ref, meta["name"])
-        current = self._get(ref, meta["name"], meta.get("namespace"))
-        if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
-            raise conflict()
+        current = self._to_replace("replace", ref, body)
         new = copy.deepcopy(dict(body))
         new["status"] = copy.deepcopy(current.get("status"))
         new["metadata"]["resourceVersion"] = str(next(self._rv))
@@ -155,11 +199,7 @@ class FakeKube:
         return copy.deepcopy(new)
 
     async def replace_status(self, ref: ResourceRef, body: Mapping[str, Any]) -> dict[str, Any]:
-        meta = body["metadata"]
-        self._check("replace_status", ref, meta["name"])
-        current = self._get(ref, meta["name"], meta.get("namespace"))
-        if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
-            raise conflict()
+        current = self._to_replace("replace_status", ref, body)
         current["status"] = copy.deepcopy(body.get("status"))
         current["metadata"]["resourceVersion"] = str(next(self._rv))
         current["metadata"]["managedFields"] = [
@@ -181,9 +221,13 @@ class FakeKube:
         *,
         patch_type: str = "application/merge-patch+json",
     ) -> dict[str, Any]:
-        self._check("patch", ref, name)
+        self._check("patch", ref, name, namespace, patch, patch_type=patch_type)
         current = self._get(ref, name, namespace)
-        assert patch_type == "application/merge-patch+json", "only merge patches are modelled"
+        if patch_type == "application/json-patch+json":
+            _json_patch(current, patch)
+            current["metadata"]["resourceVersion"] = str(next(self._rv))
+            return copy.deepcopy(current)
+        assert patch_type == "application/merge-patch+json", "only merge and JSON patches are modelled"
         meta_patch = dict(patch.get("metadata") or {})
         expected = meta_patch.pop("resourceVersion", None)
         if expected is not None and expected != current["metadata"]["resourceVersion"]:
@@ -202,7 +246,15 @@ class FakeKube:
         propagation: str = "Background",
         uid: str | None = None,
     ) -> dict[str, Any] | None:
-        self._check("delete", ref, name)
+        self._check(
+            "delete",
+            ref,
+            name,
+            namespace,
+            grace_period_seconds=grace_period_seconds,
+            propagation=propagation,
+            uid=uid,
+        )
         key = (ref.plural, namespace or "", name)
         current = self.objects.get(key)
         if current is None:
@@ -223,7 +275,10 @@ class FakeKube:
         return current
 
     async def create_event(self, involved: Mapping[str, Any], **kw: Any) -> None:
-        raise AssertionError("lifecycle names every Event it records")
+        if not self.unnamed_events:
+            raise AssertionError("lifecycle names every Event it records")
+        meta = involved.get("metadata") or {}
+        self.sent.append(Sent("create_event", EVENTS.plural, "", meta.get("namespace"), None, kw))
 
 
 def _merge(into: dict[str, Any], patch: Mapping[str, Any]) -> None:
@@ -234,6 +289,22 @@ def _merge(into: dict[str, Any], patch: Mapping[str, Any]) -> None:
             _merge(into[key], value)
         else:
             into[key] = copy.deepcopy(value)
+
+
+def _json_patch(into: dict[str, Any], ops: list[Mapping[str, Any]]) -> None:
+    """The ``test`` and ``replace`` operations of a JSON patch (RFC 6902), on object members."""
+    for op in ops:
+        *parents, leaf = op["path"].strip("/").split("/")
+        target = into
+        for key in parents:
+            target = target[key]
+        if op["op"] == "test":
+            if target.get(leaf) != op["value"]:
+                raise KubeApiError(422, "Invalid", f"the test of {op['path']} failed", {"reason": "Invalid"})
+        elif op["op"] == "replace":
+            target[leaf] = copy.deepcopy(op["value"])
+        else:
+            raise AssertionError(f"JSON patch op {op['op']} is not modelled")
 
 
 @dataclass
@@ -256,6 +327,15 @@ class FakeStream:
             return Published(duplicate=True)
         self.messages.append((subject, message, msg_id))
         return Published(duplicate=False)
+
+
+def _nothing_is_published(message: Message) -> None:
+    raise AssertionError(f"nothing is published here, yet {message!r} was")
+
+
+def no_bus() -> FakeStream:
+    """A stream for an executor that must publish nothing."""
+    return FakeStream(fail=_nothing_is_published)
 
 
 def job_appwrapper(

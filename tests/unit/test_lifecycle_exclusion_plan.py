@@ -13,10 +13,9 @@ from services.lifecycle.executor import Executor
 from services.lifecycle.machine import Plan, reconcile
 from services.lifecycle.observed import Observed, ObservedComponent, ObservedNode, Presence
 from services.lifecycle.placement.exclusion import EXCLUDED_NODES_ANNOTATION, NODE_EXCLUSION_ANNOTATION
-from shared.appwrapper.constants import GROUP, KIND, PLURAL, VERSION
 from shared.config import NodeExclusionConfig
-from shared.kube import KubeApiError, ResourceRef
-from shared.messages import Message
+from shared.kube import KubeApiError
+from tests.unit.lifecycle_cluster import AWS, PODS, FakeKube, no_bus
 from tests.unit.test_lifecycle_machine import PARAMS, T0, job, of, running, verdict
 
 ON = NodeExclusionConfig(enabled=True, max_nodes=8)
@@ -152,57 +151,45 @@ def _gpu_job(*, pods: int, gpus: int) -> dict[str, Any]:
 # ------------------------------------------------------------------ carried out by the executor
 
 
-class PatchingKube:
-    """Stands in for the Kube client: records patches; fails them with ``error`` if set."""
+def patching_kube(error: KubeApiError | None = None) -> FakeKube:
+    """Holds the AppWrapper ``AW``; its patches fail with ``error`` if set."""
 
-    def __init__(self, error: KubeApiError | None = None) -> None:
-        self.patches: list[tuple[str, str | None, Any]] = []
-        self.events: list[str] = []
-        self.error = error
+    def fail(verb: str, plural: str, name: str) -> None:
+        if error is not None and verb == "patch":
+            raise error
 
-    async def patch(
-        self,
-        ref: ResourceRef,
-        name: str,
-        patch: Any,
-        namespace: str | None = None,
-        *,
-        patch_type: str = "application/merge-patch+json",
-    ) -> dict[str, Any]:
-        assert (ref, patch_type) == (AWS, "application/merge-patch+json")
-        if self.error is not None:
-            raise self.error
-        self.patches.append((name, namespace, patch))
-        return {}
-
-    async def create_event(self, involved: Any, *, reason: str, **kw: Any) -> None:
-        self.events.append(reason)
+    kube = FakeKube(fault=fail, unnamed_events=True)
+    kube.put(AWS, AW)
+    return kube
 
 
-class NoBus:
-    async def publish(self, subject: str, message: Message, *, msg_id: str | None) -> None:
-        raise AssertionError("nothing is published here")
+def patches(kube: FakeKube) -> list[tuple[str, str | None, Any]]:
+    sent = kube.sent_as("patch")
+    assert all((s.plural, s.kw["patch_type"]) == (AWS.plural, "application/merge-patch+json") for s in sent)
+    return [(s.name, s.namespace, s.body) for s in sent]
 
 
-AWS = ResourceRef(group=GROUP, version=VERSION, plural=PLURAL, kind=KIND, namespaced=True)
-PODS = ResourceRef(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
+def events(kube: FakeKube) -> list[str]:
+    return [s.kw["reason"] for s in kube.sent_as("create_event")]
+
+
 AW = {"metadata": {"name": "aw", "namespace": "team", "uid": "uid-1"}}
 
 
 async def test_the_executor_records_the_nodes_by_merge_patch_and_an_empty_list_removes_it() -> None:
-    kube = PatchingKube()
-    ex = Executor(kube, NoBus(), appwrappers=AWS, pods=PODS)
+    kube = patching_kube()
+    ex = Executor(kube, no_bus(), appwrappers=AWS, pods=PODS)
     await ex.act(AW, ExcludeNodes(nodes=("n2", "n1")))
     await ex.act(AW, ExcludeNodes(nodes=()))
-    assert kube.patches == [
+    assert patches(kube) == [
         ("aw", "team", {"metadata": {"annotations": {EXCLUDED_NODES_ANNOTATION: "n2,n1"}}}),
         ("aw", "team", {"metadata": {"annotations": {EXCLUDED_NODES_ANNOTATION: None}}}),
     ]
 
 
 async def test_a_failed_patch_does_not_stop_the_rest_of_the_plan() -> None:
-    kube = PatchingKube(error=KubeApiError(500, "InternalError", "etcd timeout"))
-    ex = Executor(kube, NoBus(), appwrappers=AWS, pods=PODS)
+    kube = patching_kube(error=KubeApiError(500, "InternalError", "etcd timeout"))
+    ex = Executor(kube, no_bus(), appwrappers=AWS, pods=PODS)
     await ex.act(AW, ExcludeNodes(nodes=("n1",)))
     await ex.act(AW, EmitEvent(type="Normal", reason="NodesExcluded", message="m"))
-    assert kube.patches == [] and kube.events == ["NodesExcluded"]
+    assert patches(kube) == [] and events(kube) == ["NodesExcluded"]

@@ -8,53 +8,21 @@ uid that was observed as a precondition; the API server then leaves a newer name
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 from services.lifecycle.actions import DeleteComponent, DeletePods
 from services.lifecycle.executor import Executor
 from services.lifecycle.observed import Observed, ObservedComponent, ObservedPod, Presence
-from shared.appwrapper.constants import GROUP, KIND, PLURAL, VERSION
-from shared.kube import ResourceRef
-from shared.messages import Message
+from tests.unit.lifecycle_cluster import AWS, PODS, FakeKube, no_bus
 
-JOBS = ResourceRef(group="batch", version="v1", plural="jobs", kind="Job", namespaced=True)
-PODS = ResourceRef(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
-AWS = ResourceRef(group=GROUP, version=VERSION, plural=PLURAL, kind=KIND, namespaced=True)
 AW = {"metadata": {"name": "train", "namespace": "team", "uid": "aw-uid"}}
 
 
-@dataclass
-class RecordingKube:
-    """Stands in for the Kube client: records deletes (name, grace period, uid precondition)."""
-
-    deletes: list[tuple[str, str, int | None, str | None]] = field(default_factory=list)
-
-    async def resource(self, api_version: str, kind: str) -> ResourceRef:
-        assert (api_version, kind) == ("batch/v1", "Job")
-        return JOBS
-
-    async def delete(
-        self,
-        ref: ResourceRef,
-        name: str,
-        namespace: str | None = None,
-        *,
-        grace_period_seconds: int | None = None,
-        propagation: str = "Background",
-        uid: str | None = None,
-    ) -> dict[str, Any] | None:
-        self.deletes.append((ref.plural, name, grace_period_seconds, uid))
-        return None
+def deletes(kube: FakeKube) -> list[tuple[str, str, int | None, str | None]]:
+    """The deletes made: (resource, name, grace period, uid precondition)."""
+    return [(s.plural, s.name, s.kw["grace_period_seconds"], s.kw["uid"]) for s in kube.sent_as("delete")]
 
 
-class NoBus:
-    async def publish(self, subject: str, message: Message, *, msg_id: str | None) -> None:
-        raise AssertionError("a delete publishes nothing")
-
-
-def executor(kube: RecordingKube) -> Executor:
-    return Executor(kube, NoBus(), appwrappers=AWS, pods=PODS)
+def executor(kube: FakeKube) -> Executor:
+    return Executor(kube, no_bus(), appwrappers=AWS, pods=PODS)
 
 
 def seen_job(uid: str, name: str = "train-job") -> Observed:
@@ -62,7 +30,7 @@ def seen_job(uid: str, name: str = "train-job") -> Observed:
 
 
 async def test_component_deletes_carry_the_observed_uid() -> None:
-    kube = RecordingKube()
+    kube = FakeKube()
     ex = executor(kube)
     delete = DeleteComponent(index=0, api_version="batch/v1", kind="Job", namespace="team", name="train-job")
     force = DeleteComponent(
@@ -70,13 +38,13 @@ async def test_component_deletes_carry_the_observed_uid() -> None:
     )
     await ex.act(AW, delete, seen_job("job-uid-1"))
     await ex.act(AW, force, seen_job("job-uid-1"))
-    assert kube.deletes == [("jobs", "train-job", None, "job-uid-1"), ("jobs", "train-job", 0, "job-uid-1")]
+    assert deletes(kube) == [("jobs", "train-job", None, "job-uid-1"), ("jobs", "train-job", 0, "job-uid-1")]
 
 
 async def test_a_component_not_confirmed_ours_under_that_name_is_never_deleted() -> None:
     """By name alone a delete could remove an object that is not ours: another team's object of
     that name, or a namesake created since. Without a uid confirmed ours it is not made at all."""
-    kube = RecordingKube()
+    kube = FakeKube()
     ex = executor(kube)
     delete = DeleteComponent(index=0, api_version="batch/v1", kind="Job", namespace="team", name="train-job")
     # Seen under another name (or not read at all): no uid is known for this name.
@@ -93,21 +61,21 @@ async def test_a_component_not_confirmed_ours_under_that_name_is_never_deleted()
         pods=(),
     )
     await ex.act(AW, delete, foreign)
-    assert kube.deletes == []
+    assert deletes(kube) == []
 
 
 async def test_the_uid_the_plan_confirmed_guards_the_delete_even_when_nothing_was_read() -> None:
-    kube = RecordingKube()
+    kube = FakeKube()
     ex = executor(kube)
     delete = DeleteComponent(
         index=0, api_version="batch/v1", kind="Job", namespace="team", name="train-job", uid="job-uid-7"
     )
     await ex.act(AW, delete, Observed())
-    assert kube.deletes == [("jobs", "train-job", None, "job-uid-7")]
+    assert deletes(kube) == [("jobs", "train-job", None, "job-uid-7")]
 
 
 async def test_forced_pod_deletes_carry_each_observed_pod_uid() -> None:
-    kube = RecordingKube()
+    kube = FakeKube()
     ex = executor(kube)
     observed = Observed(
         pods=(
@@ -117,7 +85,7 @@ async def test_forced_pod_deletes_carry_each_observed_pod_uid() -> None:
     )
     names = ("train-master-0", "train-worker-0", "train-worker-1")
     await ex.act(AW, DeletePods(namespace="team", names=names, force=True), observed)
-    assert sorted(kube.deletes, key=str) == [
+    assert sorted(deletes(kube), key=str) == [
         ("pods", "train-master-0", 0, "pod-uid-1"),
         ("pods", "train-worker-0", 0, "pod-uid-2"),
         ("pods", "train-worker-1", 0, None),
@@ -125,12 +93,12 @@ async def test_forced_pod_deletes_carry_each_observed_pod_uid() -> None:
 
 
 async def test_leftover_pods_are_deleted_with_their_own_grace_period_and_observed_uid() -> None:
-    kube = RecordingKube()
+    kube = FakeKube()
     ex = executor(kube)
     observed = Observed(pods=(ObservedPod(name="train-worker-0", phase="Running", uid="pod-uid-2"),))
     names = ("train-worker-0", "train-worker-1")
     await ex.act(AW, DeletePods(namespace="team", names=names), observed)
-    assert sorted(kube.deletes, key=str) == [
+    assert sorted(deletes(kube), key=str) == [
         ("pods", "train-worker-0", None, "pod-uid-2"),
         ("pods", "train-worker-1", None, None),
     ]

@@ -33,7 +33,7 @@ from shared.faulttolerance import FaultTolerance
 from shared.kube import KubeApiError
 from shared.kubetime import parse_kube_time
 from shared.messages import LifecycleEvent
-from tests.unit.lifecycle_cluster import AWS, JOBS, T0, FakeKube, FakeStream, conflict, job_appwrapper
+from tests.unit.lifecycle_cluster import AWS, JOBS, T0, FakeKube, FakeStream, Fault, conflict, job_appwrapper
 
 KEY = ("team", "train")
 WRITES = ("create", "replace", "replace_status", "patch", "delete")
@@ -160,6 +160,26 @@ async def test_the_kill_points_cover_the_whole_run() -> None:
     assert len(await run_uninterrupted(suspend=False)) <= 12
 
 
+async def killed_by(fault: Fault, kube: FakeKube, stream: FakeStream, clock: Clock) -> None:
+    """One lifecycle instance settles until ``fault`` kills it (it must); the fault is then gone."""
+    kube.fault = fault
+    first = Stack(kube, stream, clock)
+    with pytest.raises(Killed):
+        await first.settle(clock)
+    first.queue.close()
+    kube.fault = None
+
+
+def kill_after_the_create(kube: FakeKube) -> Fault:
+    """Kills at the status write that would follow the create of a Job."""
+
+    def kill(verb: str, plural: str, name: str) -> None:
+        if verb == "replace_status" and kube.all(JOBS):
+            raise Killed
+
+    return kill
+
+
 async def test_a_restart_after_the_announcements_but_before_their_record_sends_nothing_new() -> None:
     clock = Clock()
     kube, stream = new_cluster(job_appwrapper(), clock)
@@ -168,12 +188,7 @@ async def test_a_restart_after_the_announcements_but_before_their_record_sends_n
         if verb == "patch" and plural == AWS.plural:
             raise Killed
 
-    kube.fault = no_record
-    first = Stack(kube, stream, clock)
-    with pytest.raises(Killed):
-        await first.settle(clock)
-    first.queue.close()
-    kube.fault = None
+    await killed_by(no_record, kube, stream, clock)
     sent, recorded = list(stream.messages), events(kube)
 
     again = Stack(kube, stream, clock)
@@ -330,17 +345,7 @@ async def test_a_generated_name_create_whose_status_write_loses_is_adopted_not_d
 async def test_a_generated_name_create_followed_by_a_kill_is_adopted_by_the_next_instance() -> None:
     clock = Clock()
     kube, stream = new_cluster(job_appwrapper(generate=True), clock)
-
-    def kill_after_create(verb: str, plural: str, name: str) -> None:
-        if verb == "replace_status" and kube.all(JOBS):
-            raise Killed
-
-    kube.fault = kill_after_create
-    first = Stack(kube, stream, clock)
-    with pytest.raises(Killed):
-        await first.settle(clock)
-    first.queue.close()
-    kube.fault = None
+    await killed_by(kill_after_the_create(kube), kube, stream, clock)
     await Stack(kube, stream, clock).settle(clock)
     assert len(kube.all(JOBS)) == 1
     aw = kube.stored(AWS, "train")
@@ -350,16 +355,7 @@ async def test_a_generated_name_create_followed_by_a_kill_is_adopted_by_the_next
 async def test_a_generated_name_that_cannot_be_looked_for_is_not_created_again() -> None:
     clock = Clock()
     kube, stream = new_cluster(job_appwrapper(generate=True), clock)
-
-    def kill_after_create(verb: str, plural: str, name: str) -> None:
-        if verb == "replace_status" and kube.all(JOBS):
-            raise Killed
-
-    kube.fault = kill_after_create
-    first = Stack(kube, stream, clock)
-    with pytest.raises(Killed):
-        await first.settle(clock)
-    first.queue.close()
+    await killed_by(kill_after_the_create(kube), kube, stream, clock)
 
     def no_list(verb: str, plural: str, name: str) -> None:
         if verb == "list" and plural == JOBS.plural:
