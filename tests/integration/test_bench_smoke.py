@@ -34,7 +34,7 @@ async def test_every_fault_is_reset_exactly_once_and_nothing_is_left_behind(
     processes = {name: service(name).pid for name in SERVICES}
     cfg = BenchConfig(
         controller="respawn",
-        # The smoke scale, N=100; 2 pods each (not 8) so that the workload fits the
+        # The smoke scale, N=100; 2 pods each (not 8) so that the workload fits the
         # session testbed's 4 nodes beside the other tests and the suite stays short.
         appwrappers=100,
         pods_per_aw=2,
