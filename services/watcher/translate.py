@@ -448,7 +448,13 @@ def _one_line(exc: BaseException) -> str:
 def _problem(message: Message) -> tuple[str, str] | None:
     """Why ``message`` must not be published (reason, error), or None."""
     body = getattr(message, "body", None)
-    if body is not None and nested_deeper_than(body, MAX_BODY_DEPTH):
+    if body is None:
+        # Pod, component and node observations are built field by field from bounded parts of
+        # their objects; only a body copied from a user's object can grow without bound. Not
+        # encoding them here keeps the hot path to one encoding (the publish), whose own check
+        # against the server's max_payload stays the backstop.
+        return None
+    if nested_deeper_than(body, MAX_BODY_DEPTH):
         return TOO_DEEP, f"the body is nested more than {MAX_BODY_DEPTH} levels deep"
     size = len(message.encode())
     if size > MAX_OBSERVATION_BYTES:
