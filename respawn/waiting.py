@@ -20,7 +20,7 @@ from typing import Any, NoReturn, TypeVar, overload
 
 from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-__all__ = ["WaitTimeout", "holds", "holds_sync", "until", "until_sync"]
+__all__ = ["WaitTimeout", "eventually", "holds", "holds_sync", "until", "until_sync"]
 
 T = TypeVar("T")
 
@@ -138,3 +138,13 @@ def holds_sync(
 ) -> None:
     """As :func:`holds`, blocking, for tests that are not async."""
     Retrying(**_holds(during, every))(lambda: _holding(what, done, check()))
+
+
+def eventually(check: Callable[[], bool], *, within: float, every: float = 0.05) -> bool:
+    """Whether ``check`` came true within ``within`` seconds, for waits whose timeout is no error
+    (a process that may need a stronger signal, a port that may stay busy)."""
+    try:
+        until_sync("a condition", check, within=within, every=every)
+    except WaitTimeout:
+        return False
+    return True

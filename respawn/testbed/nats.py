@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from respawn.testbed.errors import TestbedError
-from respawn.testbed.process import eventually
+from respawn.waiting import eventually
 
 HOST = "127.0.0.1"
 STATE_FILE = "nats.json"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from respawn.testbed.errors import TestbedError
-from respawn.waiting import WaitTimeout, until_sync
+from respawn.waiting import WaitTimeout, eventually, until_sync
 
 
 @dataclass
@@ -95,15 +95,6 @@ def wait_until(
         raise TestbedError(
             f"{proc.name} not {what} after {timeout:.0f}s; last log lines ({proc.log}): {tail(proc.log)}"
         ) from None
-
-
-def eventually(check: Callable[[], bool], *, within: float, every: float = 0.05) -> bool:
-    """Whether ``check`` came true within ``within`` seconds (for waits whose timeout is no error)."""
-    try:
-        until_sync("a condition", check, within=within, every=every)
-    except WaitTimeout:
-        return False
-    return True
 
 
 def stop_pid(pid: int, *, timeout: float = 10.0) -> None:

@@ -38,6 +38,7 @@ from shared.bus import (
 )
 from shared.messages import SCHEMA_HEADER, ObjectRef, Verdict
 from tests.nats_fixtures import dead_letters
+from tests.waiting import until
 
 pytestmark = pytest.mark.nats
 
@@ -49,22 +50,10 @@ def uid() -> str:
     return uuid.uuid4().hex[:10]
 
 
-async def eventually(check: Callable[[], bool], *, within: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def eventually_async(
-    check: Callable[[], Awaitable[bool]], *, within: float = 15.0, what: str = "condition"
+async def eventually(
+    check: Callable[[], bool | Awaitable[bool]], *, within: float = 15.0, what: str = "condition"
 ) -> None:
-    deadline = time.monotonic() + within
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.05)
+    await until(what, check, within=within, every=0.02)
 
 
 def verdict(name: str, *, seq: int = 0) -> Verdict:
@@ -190,7 +179,7 @@ async def test_ack_only_after_the_handler_returns(bus: Bus) -> None:
         i = await bus.js.consumer_info(subjects.VERDICTS_STREAM, durable)
         return bool(i.num_ack_pending == 0 and i.ack_floor.stream_seq == i.delivered.stream_seq)
 
-    await eventually_async(acked, what="the ack")
+    await eventually(acked, what="the ack")
     assert done == [7]
     assert (
         metric("respawn_bus_messages_acked_total", service=bus.service, stream=subjects.VERDICTS_STREAM) == 1
@@ -239,7 +228,7 @@ async def test_keyed_concurrency_overlaps_subjects_and_keeps_each_subject_in_ord
         i = await bus.js.consumer_info(subjects.VERDICTS_STREAM, consumer.durable)
         return bool(i.num_ack_pending == 0 and i.num_pending == 0)
 
-    await eventually_async(all_acked, what="every message acked")
+    await eventually(all_acked, what="every message acked")
     await consumer.stop()
 
 
@@ -317,7 +306,7 @@ async def test_garbage_and_newer_versions_are_dead_lettered_and_consuming_goes_o
         info = await bus.js.consumer_info(subjects.VERDICTS_STREAM, durable)
         return bool(info.num_ack_pending == 0 and info.num_pending == 0)
 
-    await eventually_async(nothing_pending, what="terminated poison messages to leave the consumer")
+    await eventually(nothing_pending, what="terminated poison messages to leave the consumer")
 
 
 async def test_handler_crash_is_retried_then_dead_lettered_when_deliveries_run_out(bus: Bus) -> None:
