@@ -143,12 +143,19 @@ class Publishing:
 class Instance:
     """One lifecycle instance in this process (a fresh one has nothing in memory)."""
 
-    def __init__(self, kube: Kube | Wrapped, bus: Publishing, refs: tuple[ResourceRef, ResourceRef]) -> None:
+    def __init__(
+        self,
+        kube: Kube | Wrapped,
+        bus: Publishing,
+        refs: tuple[ResourceRef, ResourceRef],
+        local: Callable[[], datetime] = utcnow,
+    ) -> None:
         appwrappers, pods = refs
-        self.clock = ServerClock()
+        self.clock = ServerClock(local)
         self.queue = WorkQueue(clock=self.clock.now)
+        self.reader = Reader(kube, appwrappers=appwrappers, pods=pods, pod_cache=PodCache())
         self.reconciler = Reconciler(
-            reader=Reader(kube, appwrappers=appwrappers, pods=pods, pod_cache=PodCache()),
+            reader=self.reader,
             executor=Executor(kube, bus, appwrappers=appwrappers, pods=pods, clock=self.clock),
             queue=self.queue,
             incidents=Incidents(),
