@@ -9,13 +9,10 @@ import dataclasses
 from typing import Any
 
 from services.lifecycle.actions import EmitEvent, ExcludeNodes, LifecycleEventType, PublishLifecycleEvent
-from services.lifecycle.executor import Executor
 from services.lifecycle.machine import Plan, reconcile
 from services.lifecycle.observed import Observed, ObservedComponent, ObservedNode, Presence
 from services.lifecycle.placement.exclusion import EXCLUDED_NODES_ANNOTATION, NODE_EXCLUSION_ANNOTATION
 from shared.config import NodeExclusionConfig
-from shared.kube import KubeApiError
-from tests.unit.lifecycle_cluster import AWS, PODS, FakeKube, no_bus
 from tests.unit.test_lifecycle_machine import PARAMS, T0, job, of, running, verdict
 
 ON = NodeExclusionConfig(enabled=True, max_nodes=8)
@@ -146,50 +143,3 @@ def _gpu_job(*, pods: int, gpus: int) -> dict[str, Any]:
     template = job("c0", parallelism=pods)
     template["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
     return template
-
-
-# ------------------------------------------------------------------ carried out by the executor
-
-
-def patching_kube(error: KubeApiError | None = None) -> FakeKube:
-    """Holds the AppWrapper ``AW``; its patches fail with ``error`` if set."""
-
-    def fail(verb: str, plural: str, name: str) -> None:
-        if error is not None and verb == "patch":
-            raise error
-
-    kube = FakeKube(fault=fail, unnamed_events=True)
-    kube.put(AWS, AW)
-    return kube
-
-
-def patches(kube: FakeKube) -> list[tuple[str, str | None, Any]]:
-    sent = kube.sent_as("patch")
-    assert all((s.plural, s.kw["patch_type"]) == (AWS.plural, "application/merge-patch+json") for s in sent)
-    return [(s.name, s.namespace, s.body) for s in sent]
-
-
-def events(kube: FakeKube) -> list[str]:
-    return [s.kw["reason"] for s in kube.sent_as("create_event")]
-
-
-AW = {"metadata": {"name": "aw", "namespace": "team", "uid": "uid-1"}}
-
-
-async def test_the_executor_records_the_nodes_by_merge_patch_and_an_empty_list_removes_it() -> None:
-    kube = patching_kube()
-    ex = Executor(kube, no_bus(), appwrappers=AWS, pods=PODS)
-    await ex.act(AW, ExcludeNodes(nodes=("n2", "n1")))
-    await ex.act(AW, ExcludeNodes(nodes=()))
-    assert patches(kube) == [
-        ("aw", "team", {"metadata": {"annotations": {EXCLUDED_NODES_ANNOTATION: "n2,n1"}}}),
-        ("aw", "team", {"metadata": {"annotations": {EXCLUDED_NODES_ANNOTATION: None}}}),
-    ]
-
-
-async def test_a_failed_patch_does_not_stop_the_rest_of_the_plan() -> None:
-    kube = patching_kube(error=KubeApiError(500, "InternalError", "etcd timeout"))
-    ex = Executor(kube, no_bus(), appwrappers=AWS, pods=PODS)
-    await ex.act(AW, ExcludeNodes(nodes=("n1",)))
-    await ex.act(AW, EmitEvent(type="Normal", reason="NodesExcluded", message="m"))
-    assert patches(kube) == [] and events(kube) == ["NodesExcluded"]
