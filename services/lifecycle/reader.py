@@ -46,9 +46,9 @@ READ_FAILURES = metrics.counter(
 class KubeReads(Protocol):
     """The reads the reader makes (a subset of :class:`shared.kube.Kube`)."""
 
-    # A deliberate mirror: these signatures repeat those of shared.kube.Kube (and of the tests'
-    # one fake, tests/unit/lifecycle_cluster.FakeKube) so that the reader depends on this Protocol
-    # only and its tests run without an API server; keep the three in step.
+    # A deliberate mirror: these signatures repeat those of shared.kube.Kube, so that the reader
+    # names only what it uses and its tests may put a pass-through wrapper (fault injection, call
+    # records) in front of the real client; keep the two in step.
 
     async def resource(self, api_version: str, kind: str) -> ResourceRef: ...
 
