@@ -154,6 +154,39 @@ def generate(directory: Path, *, clients: dict[str, tuple[str, tuple[str, ...]]]
     return pki
 
 
+def serving_cert(
+    pki: Pki,
+    stem: str,
+    *,
+    dns_names: tuple[str, ...] = ("localhost",),
+    ips: tuple[str, ...] = ("127.0.0.1",),
+    client: bool = False,
+) -> tuple[Path, Path]:
+    """A serving certificate for ``dns_names`` and ``ips``, signed by the CA of ``pki``, written
+    as ``<stem>.crt`` and ``<stem>.key`` beside it; with ``client`` it may also authenticate as a
+    client (NATS routes verify each other both ways). Returns (certificate, key)."""
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{pki.ca_key} is not the EC key this module makes")
+    ca_name = x509.load_pem_x509_certificate(pki.ca_crt.read_bytes()).subject
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _sign(
+        _name(dns_names[0] if dns_names else stem),
+        key.public_key(),
+        ca_name,
+        ca_key,
+        ca=False,
+        server_sans=sans,
+        client=client,
+    )
+    crt_path, key_path = pki.dir / f"{stem}.crt", pki.dir / f"{stem}.key"
+    _write_key(key_path, key)
+    crt_path.write_bytes(_pem(cert))
+    return crt_path, key_path
+
+
 def kubeconfig(pki: Pki, server: str, client: str, *, user: str | None = None) -> str:
     """A kubeconfig (YAML text) that embeds the CA and the named client cert by path."""
     crt, key = pki.client(client)

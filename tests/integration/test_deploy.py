@@ -1,7 +1,8 @@
 """deploy/ on a real cluster and a real nats-server: the manifests, the RBAC and the NATS users.
 
-- Every manifest of the base and the local overlay is accepted by the API server (server-side
-  dry run), and the pods they describe are hardened as the namespace's PodSecurity level demands.
+- Every manifest of the base, the local overlay and the NATS-over-TLS overlay is accepted by the
+  API server (server-side dry run; cert-manager's objects apart, see test_deploy_tls.py), and the
+  pods they describe are hardened as the namespace's PodSecurity level demands.
 - Each service's ServiceAccount, with a token minted for it, may do what the service does and is
   refused what it does not; health and autopilot may do nothing at all.
 - The services run as processes with those tokens and their own NATS users, against a
@@ -28,7 +29,7 @@ import pytest
 import yaml
 
 from respawn import natsauth
-from respawn.testbed import manifests, sim
+from respawn.testbed import manifests, pki, sim
 from respawn.testbed.cluster import kubectl, kubectl_binary
 from respawn.testbed.manifests import job_appwrapper
 from respawn.testbed.modes import Endpoints
@@ -66,7 +67,7 @@ STREAMS = default_streams()
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-TARGETS = ("base", "overlays/local")
+TARGETS = ("base", "overlays/local", "overlays/nats-tls")
 AUTH_CONF = DEPLOY / "nats" / "auth.conf"
 SYSTEM_NS = "respawn-system"
 SERVICES = natsauth.SERVICES
@@ -198,7 +199,7 @@ def test_the_webhook_is_installed_failing_closed_with_the_services_configuration
     ]
     assert volumes["certs"]["secret"]["secretName"] == "respawn-webhook-cert"
     replicas = one(docs, "Deployment", "respawn-webhook")["spec"]["replicas"]
-    assert replicas == (2 if target == "base" else 1)
+    assert replicas == (1 if target == "overlays/local" else 2)
 
 
 def test_the_lifecycle_policy_names_the_built_service_account(built: dict[str, list[dict[str, Any]]]) -> None:
@@ -292,24 +293,70 @@ def test_nats_pods_are_hardened_and_get_every_password(
     spec = pod_specs(built[target])["respawn-nats"]
     assert spec["automountServiceAccountToken"] is False
     assert spec["securityContext"]["runAsNonRoot"] is True
-    (container,) = spec["containers"]
+    containers = {c["name"]: c for c in spec["containers"]}
+    # With TLS, a reloader beside the server (deploy/nats/tls).
+    assert set(containers) == ({"nats", "reloader"} if target == "overlays/nats-tls" else {"nats"})
+    for container in containers.values():
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    container = containers["nats"]
     assert container["image"].startswith("nats:")
-    assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
     secret_env = {e["name"] for e in container["env"] if "secretKeyRef" in (e.get("valueFrom") or {})}
     assert secret_env == {u.password_variable for u in natsauth.default_users()}
+
+
+NATS_TLS_SECRET = "respawn-nats-tls"
+
+
+def nats_tls_mount(docs: list[dict[str, Any]]) -> str | None:
+    """Where the NATS server container mounts the Secret respawn-nats-tls (None: it does not)."""
+    spec = pod_specs(docs)["respawn-nats"]
+    volumes = {
+        v["name"] for v in spec["volumes"] if (v.get("secret") or {}).get("secretName") == NATS_TLS_SECRET
+    }
+    (nats,) = [c for c in spec["containers"] if c["name"] == "nats"]
+    mounts = [m["mountPath"] for m in nats.get("volumeMounts") or [] if m["name"] in volumes]
+    return mounts[0] if mounts else None
+
+
+def nats_config_files(docs: list[dict[str, Any]], directory: Path) -> Path:
+    """The NATS configuration files of ``docs`` written to ``directory``, as the server reads
+    them; with TLS, the Secret's files (certificates of a CA of this test's own) are written
+    too and the configuration points where they are instead of the pod's mount. Returns the
+    path of nats.conf."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files = dict(configmap(docs, "respawn-nats-config")["data"])
+    mount = nats_tls_mount(docs)
+    if mount is not None:
+        secret = nats_tls_secret(directory / "secret")
+        files = {name: text.replace(mount.rstrip("/") + "/", f"{secret}/") for name, text in files.items()}
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    return directory / "nats.conf"
+
+
+def nats_tls_secret(directory: Path, *, dns_names: tuple[str, ...] = ("localhost",)) -> Path:
+    """A directory holding what the Secret respawn-nats-tls holds (tls.crt, tls.key, ca.crt):
+    a serving certificate for ``dns_names`` and 127.0.0.1, for server and client use as the
+    cert-manager Certificate issues it, and its CA."""
+    authority = pki.generate(directory / "pki", clients={})
+    crt, key = pki.serving_cert(authority, "nats", dns_names=dns_names, client=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tls.crt").write_bytes(crt.read_bytes())
+    (directory / "tls.key").write_bytes(key.read_bytes())
+    (directory / "ca.crt").write_bytes(authority.ca_crt.read_bytes())
+    return directory
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_nats_server_accepts_the_generated_configuration(
     built: dict[str, list[dict[str, Any]]], target: str, tmp_path: Path
 ) -> None:
-    files = configmap(built[target], "respawn-nats-config")["data"]
-    for name, text in files.items():
-        (tmp_path / name).write_text(text)
+    conf = nats_config_files(built[target], tmp_path)
     env = {"POD_NAME": "respawn-nats-0", "PATH": "/usr/bin:/bin"}
     env |= {u.password_variable: natsauth.generate_password() for u in natsauth.default_users()}
-    test = [str(find_nats_server()), "-c", str(tmp_path / "nats.conf"), "-t"]
+    test = [str(find_nats_server()), "-c", str(conf), "-t"]
     proc = subprocess.run(test, env=env, capture_output=True, text=True, check=False, timeout=30)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "is valid" in proc.stdout + proc.stderr
@@ -356,12 +403,25 @@ def test_dockerfile_builds_one_non_root_image_from_the_package() -> None:
 # ------------------------------------------------------------------------ server dry run
 
 
+CERT_MANAGER = "cert-manager.io/"
+CERT_MANAGER_OBJECTS = {
+    ("Issuer", "respawn-nats-selfsigned"),
+    ("Certificate", "respawn-nats-ca"),
+    ("Issuer", "respawn-nats-ca"),
+    ("Certificate", "respawn-nats"),
+}
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_every_manifest_passes_server_side_dry_run(
     testbed: Endpoints, built: dict[str, list[dict[str, Any]]], target: str
 ) -> None:
     kc = testbed.kubeconfig
-    docs = built[target]
+    # cert-manager's kinds are not served by the testbed (no cert-manager there); they are
+    # checked by test_deploy_tls.py.
+    docs = [d for d in built[target] if not d["apiVersion"].startswith(CERT_MANAGER)]
+    skipped = {(d["kind"], d["metadata"]["name"]) for d in built[target] if d not in docs}
+    assert skipped == (CERT_MANAGER_OBJECTS if target == "overlays/nats-tls" else set())
     # Namespaced objects can only be dry-run into a namespace that exists; create it for real
     # (with its PodSecurity labels, which the dry run of the pod templates is checked against).
     kubectl(kc, "apply", "-f", "-", stdin=dump([d for d in docs if d["kind"] == "Namespace"]))
