@@ -55,13 +55,18 @@ def local_up(
     nats_port: int | None = typer.Option(
         None, "--nats-port", help="Fixed NATS client port (default: a free one)."
     ),
+    nats_tls: bool = typer.Option(
+        False,
+        "--nats-tls",
+        help="NATS requires TLS, with a certificate of the testbed's CA (its path: natsCaFile).",
+    ),
 ) -> None:
     """Start the testbed on 127.0.0.1 and return once everything is ready."""
     from respawn.testbed import cluster, services
 
     fixed = {k: v for k, v in {"apiserver": api_port, "nats": nats_port}.items() if v}
     try:
-        state = cluster.up(state_dir, nodes=nodes, log=_say, fixed_ports=fixed)
+        state = cluster.up(state_dir, nodes=nodes, log=_say, fixed_ports=fixed, nats_tls=nats_tls)
         started: list[str] = []
         if not no_services:
             started = services.start_all(state, log=_say)
@@ -75,12 +80,16 @@ def local_up(
         "apiServer": state.api_url,
         "stateDir": str(state.state_dir),
         "services": started,
+        "natsCaFile": str(state.nats_ca_file) if state.nats_ca_file else None,
     }
     if as_json:
         typer.echo(json.dumps(info))
     else:
         typer.echo(f"export KUBECONFIG={state.kubeconfig}")
         typer.echo(f"export NATS_URL={state.nats_url}")
+        # What the services and `respawn tail`/`explain` read to trust the testbed's NATS.
+        for name, value in state.nats_tls_env().items():
+            typer.echo(f"export {name}={value}")
 
 
 @local_app.command("down")

@@ -212,15 +212,44 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def nats_tls_options(env: Mapping[str, str]) -> dict[str, Any]:
+    """nats-py's TLS options from the ``RESPAWN_NATS_TLS_*`` variables of ``env`` (the services'
+    ``nats.tls`` keys, docs/configuration.md); none while no such variable is set."""
+    from shared.bus import BusError
+    from shared.bus.connection import tls_context
+    from shared.config import ConfigError, load_config
+
+    variables = {k: v for k, v in env.items() if k.startswith("RESPAWN_NATS_TLS_")}
+    if not variables:
+        return {}
+    try:
+        tls = load_config(env=variables).nats.tls.to_files()
+        if tls is None:
+            return {}
+        options: dict[str, Any] = {"tls": tls_context(tls)}
+    except (ConfigError, BusError) as exc:
+        raise NatsUnavailable(_one_line(str(exc))) from None
+    if tls.server_name:
+        options["tls_hostname"] = tls.server_name
+    if tls.handshake_first:
+        options["tls_handshake_first"] = True
+    return options
+
+
 async def connect_nats(url: str | None, *, deadline: float = CONNECT_DEADLINE) -> Any:
     """A plain NATS connection that fails within ``deadline`` seconds with :class:`NatsUnavailable`.
 
-    Credentials come from NATS_USER/NATS_PASSWORD or NATS_CREDS, as for the services.
+    Credentials come from NATS_USER/NATS_PASSWORD or NATS_CREDS, and TLS from the
+    ``RESPAWN_NATS_TLS_*`` variables, as for the services. No error shows a URL's credentials.
     """
     import nats  # imported here: slow to import, and only the stream commands need it
 
+    from shared.bus.connection import servers_text
+
     if not url:
         raise NatsUnavailable("NATS_URL is not set; pass --nats-url or set NATS_URL")
+    servers = [u.strip() for u in url.split(",") if u.strip()]
+    where = servers_text(servers)
     last_error = ""
 
     async def on_error(exc: Exception) -> None:
@@ -229,7 +258,7 @@ async def connect_nats(url: str | None, *, deadline: float = CONNECT_DEADLINE) -
         last_error = _one_line(f"{exc}") or type(exc).__name__
 
     options: dict[str, Any] = {
-        "servers": [u.strip() for u in url.split(",") if u.strip()],
+        "servers": servers,
         "connect_timeout": max(0.5, deadline - 0.5),
         "allow_reconnect": False,
         "max_reconnect_attempts": 0,
@@ -244,17 +273,20 @@ async def connect_nats(url: str | None, *, deadline: float = CONNECT_DEADLINE) -
     if os.environ.get("NATS_INBOX_PREFIX"):
         # A read-only subscriber user may only receive on its own inbox prefix (docs/deploy.md).
         options["inbox_prefix"] = os.environ["NATS_INBOX_PREFIX"]
+    options |= nats_tls_options(os.environ)
     try:
         async with asyncio.timeout(deadline):
             return await nats.connect(**options)
     except TimeoutError:
         raise NatsUnavailable(
-            f"cannot reach NATS at {url} within {deadline:g}s ({last_error or 'no answer'}); "
+            f"cannot reach NATS at {where} within {deadline:g}s ({last_error or 'no answer'}); "
             "check NATS_URL and that the server is up"
         ) from None
     except Exception as exc:  # nats-py raises OSError, NoServersError, auth errors...
         detail = last_error or _one_line(str(exc)) or type(exc).__name__
-        raise NatsUnavailable(f"cannot connect to NATS at {url}: {detail}") from None
+        if "certificate verify failed" in detail.lower():
+            detail += "; check RESPAWN_NATS_TLS_CA_FILE"
+        raise NatsUnavailable(f"cannot connect to NATS at {where}: {detail}") from None
 
 
 async def stored_messages(

@@ -2,8 +2,9 @@
 
 `up` starts etcd, kube-apiserver (TLS + RBAC), kube-controller-manager, kube-scheduler,
 kwok (fake nodes and pod lifecycles following the pod simulation contract), the Kubeflow
-training operator and nats-server, each as its own process on 127.0.0.1 with free ports,
-and returns once all of them are ready. `down` stops by pid whatever `up` recorded in
+training operator and nats-server (with ``nats_tls``, requiring TLS with a certificate of the
+testbed's CA), each as its own process on 127.0.0.1 with free ports, and returns once all of
+them are ready. `down` stops by pid whatever `up` recorded in
 ``DIR/state.json`` and removes the state directory.
 """
 
@@ -50,6 +51,8 @@ class State:
     pids: dict[str, int] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     nodes: int = 0
+    # The CA a client must trust when NATS requires TLS (None: it does not).
+    nats_ca_file: Path | None = None
 
     def save(self) -> None:
         data = {
@@ -59,6 +62,7 @@ class State:
             "pids": self.pids,
             "ports": self.ports,
             "nodes": self.nodes,
+            "nats_ca_file": str(self.nats_ca_file) if self.nats_ca_file else None,
         }
         tmp = self.state_dir / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(data, indent=2))
@@ -79,7 +83,12 @@ class State:
             pids={k: int(v) for k, v in data.get("pids", {}).items()},
             ports={k: int(v) for k, v in data.get("ports", {}).items()},
             nodes=int(data.get("nodes", 0)),
+            nats_ca_file=Path(data["nats_ca_file"]) if data.get("nats_ca_file") else None,
         )
+
+    def nats_tls_env(self) -> dict[str, str]:
+        """What a service (or the CLI) needs in its environment to trust this testbed's NATS."""
+        return {"RESPAWN_NATS_TLS_CA_FILE": str(self.nats_ca_file)} if self.nats_ca_file else {}
 
     def running(self) -> dict[str, bool]:
         return {name: pid_alive(pid) for name, pid in self.pids.items()}
@@ -200,8 +209,13 @@ def up(
     log: Log = _quiet,
     fixed_ports: dict[str, int] | None = None,
     start_timeout: float = 120.0,
+    nats_tls: bool = False,
 ) -> State:
-    """Start the testbed (idempotent: a running testbed in ``state_dir`` is returned as is)."""
+    """Start the testbed (idempotent: a running testbed in ``state_dir`` is returned as is).
+
+    With ``nats_tls`` nats-server requires TLS: its certificate (for 127.0.0.1 and localhost) is
+    signed by the testbed's CA, which is ``State.nats_ca_file``, and its URL is ``tls://``.
+    """
     if nodes < 1:
         raise TestbedError(f"--nodes must be at least 1 (got {nodes})")
     state_dir = state_dir.resolve()
@@ -209,6 +223,13 @@ def up(
     if existing is not None:
         alive = existing.running()
         if alive and all(alive.values()):
+            if (existing.nats_ca_file is not None) != nats_tls:
+                running_with = "with" if existing.nats_ca_file is not None else "without"
+                raise TestbedError(
+                    f"the testbed in {state_dir} runs NATS {running_with} TLS; "
+                    f"run 'respawn local down --state-dir {state_dir}' first to start it "
+                    f"{'with' if nats_tls else 'without'} --nats-tls"
+                )
             log(f"testbed already running in {state_dir}")
             return existing
         log(
@@ -379,11 +400,17 @@ def up(
         )
         from respawn.testbed.nats import start_nats
 
-        log("starting nats-server (JetStream)")
-        nats = start_nats(state_dir / "nats", port=fixed.get("nats"), log_file=logs / "nats-server.log")
+        log(f"starting nats-server (JetStream{', TLS required' if nats_tls else ''})")
+        nats = start_nats(
+            state_dir / "nats",
+            port=fixed.get("nats"),
+            log_file=logs / "nats-server.log",
+            tls=pki.serving_cert(p, "nats") if nats_tls else None,
+        )
         state.pids["nats-server"] = nats.pid
         state.nats_url = nats.url
-        state.ports["nats"] = int(nats.url.rsplit(":", 1)[1])
+        state.nats_ca_file = p.ca_crt if nats_tls else None
+        state.ports["nats"] = nats.port
         state.save()
         (state_dir / "nats.url").write_text(nats.url + "\n")
 

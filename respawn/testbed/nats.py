@@ -8,6 +8,10 @@ file whose tail is quoted when it dies during start-up.
 
 The server's address is also written to ``<state_dir>/nats.json`` so that another process
 (``respawn local down``) can find and stop it with :func:`attach_nats`.
+
+With ``tls`` (a serving certificate and its key, e.g. from :func:`respawn.testbed.pki.serving_cert`)
+the server requires TLS of every client, and its URL is ``tls://``: a client must trust the CA
+that signed the certificate.
 """
 
 from __future__ import annotations
@@ -99,6 +103,17 @@ def _is_nats_process(pid: int) -> bool:
     return b"nats-server" in cmdline.split(b"\0", 1)[0]
 
 
+def tls_config(cert_file: Path, key_file: Path) -> str:
+    """nats-server configuration requiring TLS of every client, served with this certificate."""
+    return f"""# Every client must speak TLS; clients are not asked for a certificate of their own.
+tls {{
+  cert_file: {json.dumps(str(cert_file))}
+  key_file: {json.dumps(str(key_file))}
+  timeout: 5
+}}
+"""
+
+
 @dataclass
 class NatsServer:
     """A nats-server process started (or found) by this module."""
@@ -109,11 +124,13 @@ class NatsServer:
     log_file: Path
     config_file: Path | None = None
     pid: int = 0
+    # Whether the configuration requires TLS of every client (see start_nats).
+    tls: bool = False
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
-        return f"nats://{HOST}:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://{HOST}:{self.port}"
 
     @property
     def monitor_url(self) -> str:
@@ -231,6 +248,7 @@ class NatsServer:
             "http_port": self.http_port,
             "log_file": str(self.log_file),
             "config_file": str(self.config_file) if self.config_file else None,
+            "tls": self.tls,
         }
         self._state_path().write_text(json.dumps(state) + "\n", encoding="utf-8")
 
@@ -252,15 +270,29 @@ def start_nats(
     http_port: int | None = None,
     config_file: Path | None = None,
     log_file: Path | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> NatsServer:
     """Start nats-server with JetStream on 127.0.0.1 and wait until it is healthy.
 
     ``port``/``http_port`` default to free ports; the store lives in ``state_dir/jetstream``
-    and the output goes to ``log_file`` (default ``state_dir/nats.log``).
-    Raises :class:`TestbedError` with a one-line cause and fix.
+    and the output goes to ``log_file`` (default ``state_dir/nats.log``). ``tls`` (certificate,
+    key) writes ``state_dir/tls.conf`` with :func:`tls_config` and starts the server with it
+    (not together with ``config_file``). Raises :class:`TestbedError` with a one-line cause and fix.
     """
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
+    if tls is not None:
+        if config_file is not None:
+            raise TestbedError(
+                "start_nats takes a config file or TLS files, not both; put the tls block in the file"
+            )
+        for path in tls:
+            if not path.is_file():
+                raise TestbedError(
+                    f"NATS TLS file {path} does not exist; generate it first (respawn.testbed.pki)"
+                )
+        config_file = state_dir / "tls.conf"
+        config_file.write_text(tls_config(*tls), encoding="utf-8")
     if config_file is not None and not config_file.is_file():
         raise TestbedError(f"NATS config file {config_file} does not exist; create it or omit it")
     log = log_file if log_file is not None else state_dir / "nats.log"
@@ -276,6 +308,7 @@ def start_nats(
             http_port=http_port if http_port is not None else free_port(),
             log_file=log,
             config_file=config_file,
+            tls=tls is not None,
         )
         try:
             server.start()
@@ -304,6 +337,7 @@ def attach_nats(state_dir: Path) -> NatsServer | None:
         log_file=Path(state["log_file"]),
         config_file=Path(state["config_file"]) if state.get("config_file") else None,
         pid=int(state["pid"]),
+        tls=bool(state.get("tls", False)),
     )
     if not server.running:
         server._forget()

@@ -95,14 +95,17 @@ def spawn_service(
 def start_service(
     state: State, service: str, *, instance: str = "", env: dict[str, str] | None = None
 ) -> int:
-    """Start one service process for a testbed; its pid is recorded in the state for `down`."""
+    """Start one service process for a testbed; its pid is recorded in the state for `down`.
+
+    On a testbed whose NATS requires TLS the service trusts the testbed's CA
+    (``RESPAWN_NATS_TLS_CA_FILE``, as nats.tls.caFile in docs/configuration.md)."""
     sp = spawn_service(
         service,
         kubeconfig=state.kubeconfig,
         nats_url=state.nats_url,
         log_dir=state.state_dir / "logs",
         instance=instance,
-        env=env,
+        env={**state.nats_tls_env(), **(env or {})},
     )
     state.pids[sp.name] = sp.pid
     state.ports[f"{sp.name}-probes"] = sp.probe_port

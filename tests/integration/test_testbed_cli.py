@@ -15,6 +15,7 @@ import pytest
 from respawn.testbed import binaries
 from respawn.testbed.ports import port_open
 from respawn.testbed.process import pid_alive
+from respawn.testbed.services import SERVICES
 from tests.integration import cli
 
 needs_binaries = pytest.mark.skipif(
@@ -72,6 +73,44 @@ def test_up_twice_then_down_leaves_no_process_and_no_port(tmp_path: Path) -> Non
     assert_nothing_left(state_dir, pids)
     open_ports = [name for name, port in ports.items() if port_open(port)]
     assert open_ports == [], f"ports still open after down: {open_ports}"
+
+
+@needs_binaries
+def test_up_with_nats_tls_runs_the_services_over_tls(tmp_path: Path) -> None:
+    state_dir = tmp_path / "tb"
+    up = respawn("local", "up", "--state-dir", str(state_dir), "--nodes", "1", "--nats-tls", "--json")
+    assert up.returncode == 0, up.stderr
+    info = json.loads(up.stdout)
+    pids: dict[str, int] = json.loads((state_dir / "state.json").read_text())["pids"]
+    try:
+        assert info["natsUrl"].startswith("tls://127.0.0.1:")
+        assert (state_dir / "nats.url").read_text().strip() == info["natsUrl"]
+        assert Path(info["natsCaFile"]).read_text().startswith("-----BEGIN CERTIFICATE-----")
+        # Every service connected over TLS, trusting the testbed's CA (up waited until each was ready).
+        assert sorted(info["services"]) == sorted(SERVICES)
+        for service in SERVICES:
+            log = (state_dir / "logs" / f"{service}.log").read_text()
+            assert f"connected to NATS at {info['natsUrl']}" in log, service
+        status = respawn("local", "status", "--state-dir", str(state_dir), "--json")
+        assert status.returncode == 0 and json.loads(status.stdout)["running"] is True, status.stdout
+
+        # Again, for the shell: what the CLI and `respawn run` need to trust the server too.
+        again = respawn("local", "up", "--state-dir", str(state_dir), "--nats-tls")
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.splitlines() == [
+            f"export KUBECONFIG={info['kubeconfig']}",
+            f"export NATS_URL={info['natsUrl']}",
+            f"export RESPAWN_NATS_TLS_CA_FILE={info['natsCaFile']}",
+        ]
+        # Asked for without TLS, the running testbed is not passed off as one.
+        plain = respawn("local", "up", "--state-dir", str(state_dir))
+        assert plain.returncode != 0
+        line = error_line(plain)
+        assert "runs NATS with TLS" in line and "respawn local down" in line
+    finally:
+        down = respawn("local", "down", "--state-dir", str(state_dir))
+    assert down.returncode == 0, down.stderr
+    assert_nothing_left(state_dir, pids)
 
 
 @needs_binaries
