@@ -243,6 +243,23 @@ class LifecycleConfig(_Section):
         return value
 
 
+class WatcherConfig(_Section):
+    """What the watcher does besides translating watch events."""
+
+    # How often the watcher checks that RESPAWN_OBSERVATIONS still holds the latest observation
+    # of every object that exists: a stream at its limit discards its oldest messages, which are
+    # the states of the objects that changed least recently, and a replica that replays the
+    # stream later would not know them. Those it publishes again.
+    discard_check_period: Duration = timedelta(seconds=10)
+
+    @field_validator("discard_check_period")
+    @classmethod
+    def _positive_check(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("must be positive")
+        return value
+
+
 class AdmissionConfig(_Section):
     """Limits the admission webhook puts on AppWrappers (docs/webhooks.md)."""
 
@@ -421,6 +438,7 @@ class OperatorConfig(_Section):
     autopilot: AutopilotConfig = Field(default_factory=AutopilotConfig)
     node_exclusion: NodeExclusionConfig = Field(default_factory=NodeExclusionConfig)
     lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
+    watcher: WatcherConfig = Field(default_factory=WatcherConfig)
     # Kueue local queue put on AppWrappers that name none; empty leaves them alone.
     default_queue_name: str = ""
     nats: NatsConfig = Field(default_factory=NatsConfig)

@@ -12,13 +12,21 @@ is dead-lettered with the object's identity, counted in ``respawn_watcher_object
 and logged, and the watch goes on; only a NATS outage is waited out. Tombstones carry the
 configured TTL, and after every (re)list the stored observations of objects that are gone get
 theirs (deleted while no watcher ran). docs/messages.md, "Dead letters" and "Tombstones".
+
+The stream is bounded: at its limit it discards its oldest messages, which are the latest states
+of the objects that changed least recently, and a health or autopilot replica that replays the
+stream after that would not know those objects. So the watcher remembers the stream sequence of
+every object's latest observation and checks every ``watcher.discardCheckPeriod`` whether the
+stream's first sequence has passed any of them; a watch whose objects lost their observation
+lists again, and those objects are published again (docs/messages.md, "A stream at its limit").
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -60,12 +68,21 @@ MISSED_DELETES = metrics.counter(
     ["kind"],
 )
 WATCHES = metrics.gauge("respawn_watcher_watches", "Resources being watched")
+RESTORED = metrics.counter(
+    "respawn_watcher_observations_restored",
+    "Observations published again because the stream discarded the latest one of an existing "
+    "object (the stream at its limit), by kind",
+    ["kind"],
+)
 
 Translator = Callable[..., Message | None]
 
 # What else a publish can fail with that clears by itself: the bus gave up retrying after its
 # own 30 s (a NATS outage), or lost a stream it could not create again yet.
 _TRANSIENT = (*TRANSIENT_PUBLISH_ERRORS, ConnectionError)
+
+# The longest a watch waits between two lists made to restore discarded observations.
+MAX_RELIST_GAP = 600.0
 
 # Why a publish that was neither transient nor refused by the bus failed: a bug, counted.
 UNEXPECTED = "unexpected"
@@ -89,6 +106,18 @@ class Publisher:
         self.tombstoned: set[str] = set()
         # A tombstone leaves RESPAWN_OBSERVATIONS after this long, and its subject with it.
         self.tombstone_ttl = rt.config.nats.tombstone_ttl.total_seconds()
+        # The stream sequence of the latest observation of each existing object: while it is
+        # not below the stream's first sequence, the stream still holds it.
+        self.seqs: dict[str, int] = {}
+        # Subjects whose latest observation the stream discarded, each with that observation's
+        # sequence: published again at the next event of their object, unchanged or not.
+        self.restore: dict[str, int] = {}
+
+    def forget(self, subject: str) -> None:
+        """The object is gone, and so is its observation: nothing to skip or restore for it."""
+        self.last.pop(subject, None)
+        self.seqs.pop(subject, None)
+        self.restore.pop(subject, None)
 
     async def observe(self, prepared: translate.Prepared, *, deleted: bool) -> None:
         """Publish, retrying for as long as the failure is transient (NATS down).
@@ -98,14 +127,19 @@ class Publisher:
         behind this one for ever.
         """
         message, subject, fp = prepared.message, prepared.subject, prepared.fingerprint
-        if not deleted and self.last.get(subject) == fp:
+        discarded = self.restore.get(subject)
+        if not deleted and discarded is None and self.last.get(subject) == fp:
             SKIPPED.labels(kind=message.KIND).inc()
             return
+        # The same version published again within the duplicate window would be dropped as a
+        # repeat of the discarded message; a restored one has an id of its own (the same for any
+        # watcher that restores the same discarded message).
+        msg_id = prepared.msg_id if discarded is None else f"{prepared.msg_id}:restored:{discarded}"
         backoff = Backoff(cap=5.0)
         while True:
             try:
-                await self.rt.bus.publish(
-                    subject, message, msg_id=prepared.msg_id, ttl=self.tombstone_ttl if deleted else None
+                published = await self.rt.bus.publish(
+                    subject, message, msg_id=msg_id, ttl=self.tombstone_ttl if deleted else None
                 )
                 break
             except Exception as exc:
@@ -115,12 +149,25 @@ class Publisher:
                 log.warning("publishing %s failed (%s); retrying in %.1fs", subject, exc, delay)
                 await asyncio.sleep(delay)
         PUBLISHED.labels(kind=message.KIND).inc()
+        if discarded is not None and not deleted:
+            RESTORED.labels(kind=message.KIND).inc()
+        self.restore.pop(subject, None)
         if deleted:
             self.last.pop(subject, None)
+            self.seqs.pop(subject, None)
             self.tombstoned.add(subject)
         else:
             self.last[subject] = fp
+            self.seqs[subject] = published.seq
             self.tombstoned.discard(subject)
+
+
+def discarded(live: Iterable[str], seqs: Mapping[str, int], first: int, last: int) -> dict[str, int]:
+    """The subjects of ``live`` whose latest observation (its sequence in ``seqs``) the stream no
+    longer holds, given the stream's ``first`` and ``last`` sequence: below the first it was
+    removed; above the last the stream is not the one it was published to (created again
+    empty). Pure."""
+    return {s: seq for s in live if (seq := seqs.get(s)) is not None and (seq < first or seq > last)}
 
 
 def now() -> datetime:
@@ -135,6 +182,16 @@ class Watcher:
         self.synced: dict[str, bool] = {}
         self.component_watches: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.tasks: list[asyncio.Task[None]] = []
+        # Per watch: the subjects of the objects that exist, as far as it knows (after a (re)list
+        # exactly the listed ones), and the event that makes it list again from scratch.
+        self.live: dict[str, set[str]] = {}
+        self.relists: dict[str, asyncio.Event] = {}
+        self.check_period = rt.config.watcher.discard_check_period.total_seconds()
+        # Watches asked to list again whose list is not done yet; when each may list again next
+        # (time.monotonic()), and the gap after that.
+        self.relisting: set[str] = set()
+        self.relist_at: dict[str, float] = {}
+        self.relist_gap: dict[str, float] = {}
 
     def ready(self) -> bool:
         return bool(self.synced) and all(self.synced.values())
@@ -150,37 +207,63 @@ class Watcher:
                 await asyncio.sleep(delay)
 
     async def watch(self, name: str, ref: ResourceRef, to_message: Translator, **kw: Any) -> None:
-        """Publish every object of ``ref`` as it changes; one object never stops the others.
+        """Publish every object of ``ref`` as it changes (:meth:`follow`); when asked to (some of
+        its objects' observations were discarded, :meth:`restore_discarded`), start over with a
+        fresh list."""
+        self.synced.setdefault(name, False)
+        WATCHES.inc()
+        try:
+            while True:
+                relist = self.relists[name] = asyncio.Event()
+                follow = asyncio.create_task(self.follow(name, ref, to_message, **kw), name=f"follow-{name}")
+                asked = asyncio.create_task(relist.wait(), name=f"relist-{name}")
+                try:
+                    done, _ = await asyncio.wait((follow, asked), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    follow.cancel()
+                    asked.cancel()
+                    await asyncio.gather(follow, asked, return_exceptions=True)
+                if follow in done:
+                    follow.result()  # a follow never ends by itself: raise what ended it
+                log.info("listing %s again to publish the observations the stream discarded", name)
+        finally:
+            WATCHES.dec()
+
+    async def follow(self, name: str, ref: ResourceRef, to_message: Translator, **kw: Any) -> None:
+        """One list-then-watch of ``ref``; one object never stops the others.
 
         After every (re)list, the observations stored for objects this watch no longer sees are
         followed by tombstones (:meth:`reconcile`).
         """
         observation_kind = _OBSERVATION_KINDS[to_message]
-        self.synced[name] = False
-        # Subjects of the objects that exist, as far as this watch knows: after a (re)list
-        # exactly the listed ones (list_then_watch reports the vanished ones as DELETED first).
+        # What an earlier follow knew: objects among them that the first list does not find were
+        # deleted meanwhile (their stored observations get tombstones from the reconcile).
+        before = self.live.get(name, set())
         live: set[str] = set()
-        WATCHES.inc()
-        try:
-            async for event in list_then_watch(self.kube, ref, **kw):
-                if event.type == "SYNCED":
-                    await self.reconcile(name, ref, observation_kind, live)
-                    if not self.synced[name]:
-                        log.info("watch %s synced", name)
-                    self.synced[name] = True
-                    continue
-                deleted = event.type == "DELETED"
-                obj = event.obj
-                obj.setdefault("apiVersion", ref.api_version)
-                obj.setdefault("kind", ref.kind)
-                subject = translate.object_subject(obj, observation_kind)
-                if deleted:
-                    live.discard(subject)
-                elif subject:
-                    live.add(subject)
-                await self.handle(obj, to_message, observation_kind, deleted=deleted)
-        finally:
-            WATCHES.dec()
+        self.live[name] = live
+        first = True
+        async for event in list_then_watch(self.kube, ref, **kw):
+            if event.type == "SYNCED":
+                await self.reconcile(name, ref, observation_kind, live)
+                if first:
+                    for subject in before - live:
+                        self.publisher.forget(subject)
+                    self.relisting.discard(name)
+                    first = False
+                if not self.synced[name]:
+                    log.info("watch %s synced", name)
+                self.synced[name] = True
+                continue
+            deleted = event.type == "DELETED"
+            obj = event.obj
+            obj.setdefault("apiVersion", ref.api_version)
+            obj.setdefault("kind", ref.kind)
+            subject = translate.object_subject(obj, observation_kind)
+            if deleted:
+                live.discard(subject)
+            elif subject:
+                live.add(subject)
+            await self.handle(obj, to_message, observation_kind, deleted=deleted)
 
     async def handle(
         self, obj: dict[str, Any], to_message: Translator, observation_kind: str, *, deleted: bool
@@ -291,6 +374,58 @@ class Watcher:
                 continue
             MISSED_DELETES.labels(kind=observation_kind).inc()
 
+    async def keep_stored(self) -> None:
+        """Every ``watcher.discardCheckPeriod``: publish again what the stream discarded."""
+        while True:
+            await asyncio.sleep(self.check_period)
+            try:
+                first, last = await self.rt.bus.sequences(subjects.OBSERVATIONS_STREAM)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the next check tries again
+                log.warning("cannot check the stored observations: %r", exc)
+                continue
+            self.restore_discarded(first, last)
+
+    def restore_discarded(self, first: int, last: int, now: float | None = None) -> int:
+        """Mark the existing objects whose latest observation is no longer stored (the stream's
+        sequences are ``first`` to ``last``) to be published again at their next event, and have
+        their watches list again; how many were newly marked.
+
+        A watch lists again at most once per gap, which starts at the check period and doubles
+        while every check finds more of its objects discarded (a stream too small for what
+        exists, where restoring one object discards another), up to :data:`MAX_RELIST_GAP`: the
+        API server is not made to list everything over and over. A list under way is waited for.
+        """
+        now = time.monotonic() if now is None else now
+        publisher, marked = self.publisher, 0
+        for name, live in self.live.items():
+            lost = discarded(live, publisher.seqs, first, last)
+            if not lost:
+                # Nothing of it lost: the next loss is listed for at once, the gaps start over.
+                self.relist_gap.pop(name, None)
+                self.relist_at.pop(name, None)
+                continue
+            new = {s: seq for s, seq in lost.items() if s not in publisher.restore}
+            publisher.restore.update(new)
+            marked += len(new)
+            relist = self.relists.get(name)
+            if name in self.relisting or relist is None or now < self.relist_at.get(name, 0.0):
+                continue
+            gap = self.relist_gap.get(name, self.check_period)
+            self.relist_at[name] = now + gap
+            self.relist_gap[name] = min(2 * gap, MAX_RELIST_GAP)
+            self.relisting.add(name)
+            log.warning(
+                "%s: the stream discarded the latest observation of %d existing objects (%s); it is "
+                "at its limit (nats.streams.observations), listing again to publish them again",
+                name,
+                len(lost),
+                ", ".join(sorted(lost)[:3]) + (", ..." if len(lost) > 3 else ""),
+            )
+            relist.set()
+        return marked
+
     def discover_components(self, appwrapper: dict[str, Any]) -> None:
         for comp in list_at(mapping_at(appwrapper, "spec"), "components"):
             template = mapping_at(comp, "template")
@@ -322,6 +457,7 @@ class Watcher:
             ),
             asyncio.create_task(self.watch("nodes", nodes, translate.node_observation)),
             asyncio.create_task(self.watch("appwrappers", appwrappers, translate.appwrapper_observation)),
+            asyncio.create_task(self.keep_stored(), name="keep-stored"),
         ]
         try:
             await asyncio.gather(*self.tasks)

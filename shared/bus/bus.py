@@ -31,7 +31,7 @@ from shared.bus.delivery import Handler, M
 from shared.bus.errors import BusError
 from shared.bus.publish import Published, publish, send
 from shared.bus.replay import CaughtUp, Replay, start_replay
-from shared.bus.streams import StreamLimits, StreamSpec, default_streams, ensure_stream, stream_for
+from shared.bus.streams import StreamLimits, StreamSpec, default_streams, ensure_stream, sequences, stream_for
 from shared.messages import Message
 
 log = logging.getLogger(__name__)
@@ -286,6 +286,15 @@ class Bus:
             # page ends it too, so a server that does not page cannot loop this.
             if len(found) >= int(info.get("total") or 0) or len(found) == before:
                 return found
+
+    async def sequences(self, stream: str) -> tuple[int, int]:
+        """``stream``'s first and last sequence (``STREAM.INFO``): a message published with a
+        sequence below the first is no longer stored. :class:`BusError` when the server refuses
+        or does not answer."""
+        try:
+            return await sequences(self._js, stream)
+        except Exception as exc:
+            raise BusError(f"cannot read the state of stream {stream}: {exc!r}") from exc
 
     # -------------------------------------------------------------- publish
 

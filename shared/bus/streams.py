@@ -402,5 +402,13 @@ async def last_sequence(js: Any, stream: str) -> int:
     return int(info.state.last_seq or 0)
 
 
+async def sequences(js: Any, stream: str) -> tuple[int, int]:
+    """The stream's first and last sequence now. An empty stream's first is one past its last;
+    a message whose sequence is below the first was removed (discarded at a limit, expired or
+    purged)."""
+    info = await js.stream_info(stream)
+    return int(info.state.first_seq or 0), int(info.state.last_seq or 0)
+
+
 def find_spec(name: str, specs: Sequence[StreamSpec]) -> StreamSpec | None:
     return next((s for s in specs if s.name == name), None)

@@ -4,35 +4,67 @@ Respawn works with unstructured objects (any wrapped GVK, the AppWrapper CRD), s
 layer speaks plain dicts and resolves kinds through API discovery instead of using the
 generated typed models. Authentication and TLS come from kubeconfig or the in-cluster
 service account, exactly as kubernetes_asyncio loads them.
+
+Every failure is a :class:`KubeApiError`, a lost connection included. A request the API server
+turned away for now is tried again here, a few times within a couple of seconds, as client-go
+does (:func:`retry_delay`): a 429 or an answer with ``Retry-After`` (the server did not act on
+it) whatever the verb, after the time the server asked for; a 5xx or a lost connection only for
+a read, which is safe to repeat. What is still failing then goes to the caller, whose own retry
+(with its own backoff) takes over.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import random
 import sys
 import threading
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 from urllib.parse import quote, urlsplit
 from urllib.request import getproxies_environment, proxy_bypass
 
+import aiohttp
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared import metrics
+
+log = logging.getLogger(__name__)
+
+RETRIES = metrics.counter(
+    "respawn_kube_request_retries",
+    "Requests to the API server tried again after an answer that said to (429, Retry-After) or a "
+    "failed read, by method and status (0: no answer)",
+    ["method", "status"],
+)
+
 
 class KubeApiError(Exception):
-    """A non-2xx answer from the API server, with the server's own message."""
+    """A non-2xx answer from the API server, with the server's own message; status 0 when there
+    was no answer (reason ``Unavailable``, or ``Timeout``). ``retry_after``: the seconds the
+    server asked the client to wait (``Retry-After``), if it did."""
 
-    def __init__(self, status: int, reason: str, message: str, body: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
         self.body = dict(body or {})
+        self.retry_after = retry_after
 
     @property
     def not_found(self) -> bool:
@@ -63,6 +95,52 @@ class KubeApiError(Exception):
         # Status 0: no answer (unreachable, timed out) — except an answer that came but cannot
         # be read, which a retry does not change.
         return self.status in (429, 500, 502, 503, 504) or (self.status == 0 and self.reason != "Undecodable")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a failed request is tried again in place (:func:`retry_delay`)."""
+
+    # Tries after the first.
+    retries: int = 3
+    # The first wait when the server names none; it doubles with each try, and is jittered.
+    base: float = 0.1
+    # No wait is longer: a server that asks for more is left to the caller's own retry.
+    max_wait: float = 2.0
+
+
+RETRY: Final = RetryPolicy()
+
+
+def retry_delay(method: str, exc: KubeApiError, retried: int, policy: RetryPolicy = RETRY) -> float | None:
+    """How long to wait before trying ``method`` again after it failed with ``exc``, having been
+    tried again ``retried`` times already; None: do not (raise ``exc``).
+
+    - 429, or any transient answer with ``Retry-After``: the server turned the request away
+      without acting on it, so any verb is tried again, after the time the server asked for;
+    - another 5xx, or no answer: the server may have acted before it failed, so only a GET is
+      repeated. A request that timed out is not: it has had its time.
+    """
+    if retried >= policy.retries or not exc.transient or exc.reason == "Timeout":
+        return None
+    backoff = policy.base * 2**retried * random.uniform(0.5, 1.0)
+    if exc.status == 429 or exc.retry_after is not None:
+        wait = max(backoff, exc.retry_after or 0.0)
+        return wait if wait <= policy.max_wait else None
+    return backoff if method == "GET" else None
+
+
+def retry_after_of(headers: Mapping[str, str] | None, body: Mapping[str, Any]) -> float | None:
+    """The seconds a failed answer asks the client to wait: its ``Retry-After`` header (in
+    seconds; a date is not used), else its ``Status`` body's ``details.retryAfterSeconds``."""
+    raw = (headers or {}).get("Retry-After")
+    if raw is not None and raw.strip().isdigit():
+        return float(raw.strip())
+    details = body.get("details")
+    seconds = details.get("retryAfterSeconds") if isinstance(details, Mapping) else None
+    if isinstance(seconds, int) and not isinstance(seconds, bool) and seconds >= 0:
+        return float(seconds)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,19 +252,37 @@ def _error_from(exc: ApiException) -> KubeApiError:
             message = str(body.get("message") or message)
         except json.JSONDecodeError:
             message = raw[:500]
-    return KubeApiError(int(exc.status or 0), str(exc.reason or ""), message, body)
+    if not isinstance(body, dict):
+        body = {}
+    headers = exc.headers if isinstance(exc.headers, Mapping) else None
+    return KubeApiError(
+        int(exc.status or 0),
+        str(exc.reason or ""),
+        message,
+        body,
+        retry_after=retry_after_of(headers, body),
+    )
 
 
-def _error_from_body(status: int, reason: str, raw: bytes) -> KubeApiError:
+def _error_from_body(status: int, reason: str, raw: bytes, headers: Mapping[str, str] | None) -> KubeApiError:
     body: dict[str, Any] = {}
     message = reason
     if raw:
         try:
             body = json.loads(raw)
             message = str(body.get("message") or message)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
             message = raw[:500].decode(errors="replace")
-    return KubeApiError(status, reason, message, body)
+    if not isinstance(body, dict):
+        body = {}
+    return KubeApiError(status, reason, message, body, retry_after=retry_after_of(headers, body))
+
+
+def _no_answer(method: str, path: str, exc: BaseException) -> KubeApiError:
+    """A request that got no (complete) answer: timed out, refused, or the connection was lost
+    (aiohttp's own errors are not all OSErrors)."""
+    reason = "Timeout" if isinstance(exc, TimeoutError) else "Unavailable"
+    return KubeApiError(0, reason, f"{method} {path}: {exc!r}")
 
 
 def env_proxy(url: str) -> str | None:
@@ -242,6 +338,33 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
         request_timeout: float | None = 30.0,
+        retry: RetryPolicy | None = RETRY,
+    ) -> dict[str, Any]:
+        """One request, tried again as :func:`retry_delay` says (``retry`` None: never)."""
+        retried = 0
+        while True:
+            try:
+                return await self._request(
+                    method, path, query, body=body, content_type=content_type, seconds=request_timeout
+                )
+            except KubeApiError as exc:
+                delay = retry_delay(method, exc, retried, retry) if retry is not None else None
+                if delay is None:
+                    raise
+                RETRIES.labels(method=method, status=str(exc.status)).inc()
+                log.debug("%s %s failed (%s); trying again in %.2fs", method, path, exc, delay)
+                await asyncio.sleep(delay)
+                retried += 1
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str | int | bool] | None,
+        *,
+        body: Any,
+        content_type: str,
+        seconds: float | None,
     ) -> dict[str, Any]:
         params = [(k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in (query or {}).items()]
         try:
@@ -253,17 +376,19 @@ class Kube:
                 body=body,
                 auth_settings=["BearerToken"],
                 _preload_content=False,
-                _request_timeout=request_timeout,
+                _request_timeout=seconds,
             )
+            raw = await resp.read()
         except ApiException as exc:
             raise _error_from(exc) from exc
-        except (TimeoutError, OSError) as exc:
-            raise KubeApiError(0, "Unavailable", f"{method} {path}: {exc!r}") from exc
-        raw = await resp.read()
+        except (TimeoutError, OSError, aiohttp.ClientError) as exc:
+            raise _no_answer(method, path, exc) from exc
         status = int(getattr(resp, "status", 200))
         if status >= 400:
             # Without preloading, kubernetes_asyncio hands back error answers instead of raising.
-            raise _error_from_body(status, str(getattr(resp, "reason", "") or ""), raw)
+            raise _error_from_body(
+                status, str(getattr(resp, "reason", "") or ""), raw, getattr(resp, "headers", None)
+            )
         return decode_body(raw, f"{method} {path}") if raw else {}
 
     async def stream_lines(
@@ -283,11 +408,19 @@ class Kube:
             )
         except ApiException as exc:
             raise _error_from(exc) from exc
+        except (TimeoutError, OSError, aiohttp.ClientError) as exc:
+            raise _no_answer("GET", path, exc) from exc
         status = int(getattr(resp, "status", 200))
         if status >= 400:
-            raw = await resp.read()
-            resp.release()
-            raise _error_from_body(status, str(getattr(resp, "reason", "") or ""), raw)
+            try:
+                raw = await resp.read()
+            except (TimeoutError, OSError, aiohttp.ClientError) as exc:
+                raise _no_answer("GET", path, exc) from exc
+            finally:
+                resp.release()
+            raise _error_from_body(
+                status, str(getattr(resp, "reason", "") or ""), raw, getattr(resp, "headers", None)
+            )
         try:
             while True:
                 line = await resp.content.readline()

@@ -4,7 +4,8 @@
   reconnect resumes where it stopped instead of replaying everything;
 - on 410 Gone (the resourceVersion was compacted away) re-LIST, and emit DELETED for
   objects that vanished while we were not watching, so no transition is lost;
-- on any other disconnect or server error, reconnect with capped exponential backoff.
+- on any other disconnect or server error, reconnect with capped exponential backoff, never
+  sooner than the server's ``Retry-After``.
 
 The iterator never ends on its own; cancel the task to stop it.
 """
@@ -166,7 +167,8 @@ async def list_then_watch(
             if exc.gone:
                 need_list = True
                 continue
-            delay = backoff.next()
+            # Never sooner than the server asked (429 and Retry-After).
+            delay = max(backoff.next(), exc.retry_after or 0.0)
             log.warning("watch on %s failed (%s); retrying in %.1fs", ref.plural, exc, delay)
             await asyncio.sleep(delay)
         except (OSError, TimeoutError, ValueError, Exception) as exc:  # aiohttp errors, broken JSON

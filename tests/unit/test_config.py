@@ -67,6 +67,7 @@ def test_other_defaults() -> None:
     assert config.metrics_port == 8081
     assert (config.lifecycle.workers, config.lifecycle.verdict_concurrency) == (8, 32)
     assert config.lifecycle.resync_period == timedelta(seconds=30)
+    assert config.watcher.discard_check_period == timedelta(seconds=10)
 
 
 def test_lifecycle_settings_from_the_environment() -> None:
@@ -93,6 +94,13 @@ def test_lifecycle_settings_from_the_environment() -> None:
 def test_bad_lifecycle_settings_are_rejected(variable: str, value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(env={variable: value})
+
+
+def test_the_watcher_check_period_comes_from_the_environment_and_must_be_positive() -> None:
+    config = load_config(env={"RESPAWN_WATCHER_DISCARD_CHECK_PERIOD": "500ms"})
+    assert config.watcher.discard_check_period == timedelta(milliseconds=500)
+    with pytest.raises(ConfigError, match=r"watcher\.discardCheckPeriod: must be positive"):
+        load_config(env={"RESPAWN_WATCHER_DISCARD_CHECK_PERIOD": "0s"})
 
 
 def test_admission_limits_default_and_come_from_file_or_environment(tmp_path: Path) -> None:
@@ -241,7 +249,8 @@ def test_every_leaf_key_has_an_environment_variable() -> None:
     assert names["RESPAWN_FAULT_TOLERANCE_RECREATE_DELAY"] == "faultTolerance.recreateDelay"
     assert names["RESPAWN_ADMISSION_MAX_TEMPLATE_DEPTH"] == "admission.maxTemplateDepth"
     assert names["RESPAWN_ADMISSION_MAX_TEMPLATE_BYTES"] == "admission.maxTemplateBytes"
-    assert len([n for n in names if not n.startswith("RESPAWN_NATS_")]) == 24
+    assert names["RESPAWN_WATCHER_DISCARD_CHECK_PERIOD"] == "watcher.discardCheckPeriod"
+    assert len([n for n in names if not n.startswith("RESPAWN_NATS_")]) == 25
     assert len([n for n in names if n.startswith("RESPAWN_NATS_")]) == 27
     assert len(set(names.values())) == len(names)
 
