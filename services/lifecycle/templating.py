@@ -24,7 +24,6 @@ Everything here is pure and deep-copies its input.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,6 +45,39 @@ __all__ = [
 
 class TemplateError(ValueError):
     """A component that cannot be rendered; retrying cannot fix it."""
+
+
+# How deep a template may nest for lifecycle to create it. The API server stores templates far
+# deeper than Python's recursion limit lets anything recursive (copy.deepcopy, the JSON encoder)
+# handle; past this depth the AppWrapper fails with a message that says so, instead of every
+# pass dying of a RecursionError. The admission webhook refuses much less
+# (admission.maxTemplateDepth, 64); this is the backstop without it.
+MAX_TEMPLATE_DEPTH = 400
+
+
+def copy_tree(value: Any, *, max_depth: int = MAX_TEMPLATE_DEPTH) -> Any:
+    """A copy of a JSON-like tree (mappings, lists, scalars), made without recursion so that no
+    depth can exhaust the stack; a :class:`TemplateError` if objects and lists nest deeper than
+    ``max_depth``. Key order is kept."""
+    root: list[Any] = [None]
+    # (source, container to put its copy in, key or index there, depth of the source)
+    todo: list[tuple[Any, Any, Any, int]] = [(value, root, 0, 1)]
+    while todo:
+        source, parent, key, depth = todo.pop()
+        if isinstance(source, Mapping):
+            copied: dict[str, Any] | list[Any] = dict.fromkeys(source)
+            children: Any = source.items()
+        elif isinstance(source, list):
+            copied = [None] * len(source)
+            children = enumerate(source)
+        else:
+            parent[key] = source  # str, int, float, bool, None: immutable
+            continue
+        if depth > max_depth:
+            raise TemplateError(f"the template nests objects and lists more than {max_depth} levels deep")
+        parent[key] = copied
+        todo.extend((child, copied, k, depth + 1) for k, child in children)
+    return root[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +142,11 @@ def render_component(
     component = components[index]
     if not isinstance(component, Mapping) or not isinstance(component.get("template"), Mapping):
         raise TemplateError(f"component {index} has no template object")
-    obj: dict[str, Any] = copy.deepcopy(dict(component["template"]))
-    where = f"component {index} ({_describe(obj)})"
+    where = f"component {index} ({_describe(component['template'])})"
+    try:
+        obj: dict[str, Any] = copy_tree(component["template"])
+    except TemplateError as exc:
+        raise TemplateError(f"{where}: {exc}; it cannot be created") from None
 
     obj_meta = _child(obj, "metadata", where)
     namespace = obj_meta.get("namespace") or ""
@@ -158,7 +193,7 @@ def _render_pod_template(
         raise TemplateError(f"{where}: {exc}") from exc
     if not isinstance(found, dict):
         raise TemplateError(f"{where}: the path does not refer to a pod template object")
-    template: dict[str, Any] = copy.deepcopy(found)
+    template: dict[str, Any] = copy_tree(found)  # within the template, so never too deep
     meta = _child(template, "metadata", where)
     spec = _child(template, "spec", where)
 
@@ -272,7 +307,7 @@ def _append_tolerations(spec: dict[str, Any], value: Any, where: str) -> None:
     for toleration in value:
         # An identical toleration is already in effect; a second copy would change nothing.
         if dict(toleration) not in existing:
-            existing.append(copy.deepcopy(dict(toleration)))
+            existing.append(copy_tree(dict(toleration)))
     if existing:
         spec["tolerations"] = existing
 
@@ -293,7 +328,7 @@ def _append_gates(spec: dict[str, Any], value: Any, where: str) -> None:
     names = {g.get("name") for g in existing if isinstance(g, Mapping)}
     for gate in value:
         if gate["name"] not in names:
-            existing.append(copy.deepcopy(dict(gate)))
+            existing.append(copy_tree(dict(gate)))
             names.add(gate["name"])
     if existing:
         spec["schedulingGates"] = existing

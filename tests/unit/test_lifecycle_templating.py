@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.lifecycle.templating import PodTemplateContext, TemplateError, owner_reference, render_component
+from services.lifecycle.templating import (
+    MAX_TEMPLATE_DEPTH,
+    PodTemplateContext,
+    TemplateError,
+    copy_tree,
+    owner_reference,
+    render_component,
+)
 from shared.appwrapper.constants import APPWRAPPER_LABEL
 
 POD_SPEC = {"containers": [{"name": "main", "image": "busybox"}]}
@@ -265,3 +272,56 @@ def test_rendering_never_touches_its_input_and_either_merges_or_reports_a_confli
             APPWRAPPER_LABEL: "aw",
         }
     assert appwrapper == frozen
+
+
+# ------------------------------------------------------------------ deep templates
+
+
+def nested(levels: int) -> dict[str, Any]:
+    """``levels`` objects, each inside the one before (built without recursion)."""
+    root: dict[str, Any] = {}
+    node = root
+    for _ in range(levels - 1):
+        node["a"] = child = {}
+        node = child
+    return root
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+@given(JSON)
+def test_a_copied_tree_equals_its_source_keeps_key_order_and_shares_no_container(tree: Any) -> None:
+    copied = copy_tree(tree)
+    assert copied == tree
+    if isinstance(tree, dict):
+        assert list(copied) == list(tree)
+        assert tree == {} or copied is not tree
+
+
+def test_a_tree_as_deep_as_the_limit_is_copied_and_one_level_more_is_refused() -> None:
+    assert copy_tree(nested(MAX_TEMPLATE_DEPTH)) == nested(MAX_TEMPLATE_DEPTH)
+    with pytest.raises(TemplateError, match=f"more than {MAX_TEMPLATE_DEPTH} levels deep"):
+        copy_tree(nested(MAX_TEMPLATE_DEPTH + 1))
+    with pytest.raises(TemplateError):
+        copy_tree([nested(MAX_TEMPLATE_DEPTH)])  # lists count too
+
+
+def test_a_template_deeper_than_the_stack_allows_is_refused_by_name_not_by_a_recursion_error() -> None:
+    template = job()
+    template["spec"]["x"] = nested(20_000)
+    with pytest.raises(
+        TemplateError, match=r"component 0 \(batch/v1 Job .*\): the template nests .* cannot be created"
+    ):
+        render_component(aw({"template": template}), 0)
+
+
+def test_a_template_300_levels_deep_is_rendered() -> None:
+    template = job()
+    template["spec"]["x"] = nested(300)
+    body = render_component(aw({"template": template}), 0)
+    assert body["spec"]["x"] == nested(300)
