@@ -163,8 +163,8 @@ class Plan:
     pods: int = 2
     # A pod completes this long after it starts; faults go only into pods younger than
     # ``fault_window`` so an injected failure never races the pod's own completion.
-    succeed_after: int = 30
-    fault_window: float = 18.0
+    succeed_after: int = 20
+    fault_window: float = 12.0
     rng: random.Random = field(default_factory=lambda: random.Random(1))
 
     @property
@@ -241,20 +241,16 @@ def healthy_targets(p: Plan, appwrappers: list[dict[str, Any]], pods: list[dict[
     return targets
 
 
-def inject_round(kubeconfig: Path, p: Plan, *, at_most: int) -> int:
-    """Fail one pod in each of up to ``at_most`` healthy workloads; returns how many."""
+def inject_round(kubeconfig: Path, p: Plan) -> int:
+    """Fail one pod in each workload that has faults left and is healthy now; returns how many."""
     targets = healthy_targets(
         p, _items(kubeconfig, "appwrappers", p.namespace), _items(kubeconfig, "pods", p.namespace)
     )
-    names = sorted(targets)
-    p.rng.shuffle(names)
     done = 0
     for w in p.workloads:
-        if w.name in names[:at_most]:
-            proc_ok = _fail(kubeconfig, p.namespace, targets[w.name])
-            if proc_ok:
-                w.injected += 1
-                done += 1
+        if w.name in targets and _fail(kubeconfig, p.namespace, targets[w.name]):
+            w.injected += 1
+            done += 1
     return done
 
 
