@@ -193,9 +193,12 @@ class Executor:
         meta = aw["metadata"]
         resource_version = plan.resource_version or meta.get("resourceVersion", "")
         if plan.finalizer is FinalizerChange.ADD and FINALIZER not in (meta.get("finalizers") or []):
-            body = {**aw, "metadata": {**meta, "finalizers": [*(meta.get("finalizers") or []), FINALIZER]}}
-            body["metadata"]["resourceVersion"] = resource_version
-            updated = await self.kube.replace(self.appwrappers, body)
+            # A merge patch, not a PUT of the whole object: the spec is the user's and may be
+            # nested deeper than a recursive encoder survives; the resourceVersion in it is a
+            # precondition (a newer object -> 409), as it would be in a PUT.
+            finalizers = [*(meta.get("finalizers") or []), FINALIZER]
+            patch = {"metadata": {"resourceVersion": resource_version, "finalizers": finalizers}}
+            updated = await self.kube.patch(self.appwrappers, meta["name"], patch, meta.get("namespace"))
             # Only the finalizer changed, and we changed it: the plan still holds.
             resource_version = updated["metadata"]["resourceVersion"]
             aw = updated
@@ -210,8 +213,14 @@ class Executor:
         )
         if plan.status is not None:
             if not vanishing:
-                body = {**aw, "status": plan.status}
-                body["metadata"] = {**aw["metadata"], "resourceVersion": resource_version}
+                # The status subresource takes only the status (and the resourceVersion as a
+                # precondition) from what it is sent, so the user's spec is not sent along.
+                body = {
+                    "apiVersion": aw.get("apiVersion"),
+                    "kind": aw.get("kind"),
+                    "metadata": {**aw["metadata"], "resourceVersion": resource_version},
+                    "status": plan.status,
+                }
                 t_write = time.perf_counter()
                 aw = await self.kube.replace_status(self.appwrappers, body)
                 self.server_clock.written_before(_status_written_at(aw), self.server_clock.local())

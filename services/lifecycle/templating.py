@@ -47,12 +47,12 @@ class TemplateError(ValueError):
     """A component that cannot be rendered; retrying cannot fix it."""
 
 
-# How deep a template may nest for lifecycle to create it. The API server stores templates far
-# deeper than Python's recursion limit lets anything recursive (copy.deepcopy, the JSON encoder)
-# handle; past this depth the AppWrapper fails with a message that says so, instead of every
-# pass dying of a RecursionError. The admission webhook refuses much less
-# (admission.maxTemplateDepth, 64); this is the backstop without it.
-MAX_TEMPLATE_DEPTH = 400
+# How deep a template may nest for lifecycle to create it (the template itself is level 1). The
+# API server stores templates far deeper than Python's recursion limit lets anything recursive
+# (copy.deepcopy, the JSON encoder) handle; past this depth the AppWrapper fails with a message
+# that says so, instead of every pass dying of a RecursionError. It is the highest value
+# admission.maxTemplateDepth accepts, so what the webhook admits, lifecycle creates.
+MAX_TEMPLATE_DEPTH = 512
 
 
 def copy_tree(value: Any, *, max_depth: int = MAX_TEMPLATE_DEPTH) -> Any:
