@@ -160,7 +160,8 @@ class ObservedNode:
 class Observed:
     # Parallel to spec.components; missing trailing entries count as UNKNOWN.
     components: tuple[ObservedComponent, ...] = ()
-    # Every labelled pod that still exists; None when the pods were not listed, which keeps a
+    # Every pod of the AppWrapper (labelled and in its owner tree) that still exists; None when
+    # the pods were not listed (or their owners not read), which keeps a
     # deletion from ever being declared complete on a guess.
     pods: tuple[ObservedPod, ...] | None = None
     # Results of the CreateComponent actions of the previous plan, by component index.

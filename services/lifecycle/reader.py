@@ -172,7 +172,8 @@ class Reader:
                 reads.append(_known(ObservedComponent(controlled_by_us=False)))
                 kinds.append(("", ""))
                 continue
-            kinds.append((str(template.get("apiVersion", "")).rpartition("/")[0], str(template.get("kind", ""))))
+            group = str(template.get("apiVersion", "")).rpartition("/")[0]
+            kinds.append((group, str(template.get("kind", ""))))
             comp_name = ""
             if index < len(statuses) and isinstance(statuses[index], Mapping):
                 comp_name = str(statuses[index].get("name") or "")
@@ -218,7 +219,9 @@ class Reader:
         if pods:
             # After the components: what they were read to be is what the pods' chains end at.
             identities = {
-                (group, kind, component.name) for (group, kind), component in zip(kinds, seen) if component.name
+                (group, kind, component.name)
+                for (group, kind), component in zip(kinds, seen, strict=True)
+                if component.name
             }
             listed = await self.observe_pods(namespace, name, uid, identities)
         return Observed(components=tuple(seen), pods=listed, created=dict(created), nodes=node_list)

@@ -23,7 +23,7 @@ from prometheus_client import REGISTRY
 from respawn.testbed.nats import NatsServer, start_nats
 from services.watcher import service, translate
 from shared import subjects
-from shared.appwrapper.constants import APPWRAPPER_LABEL
+from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, KIND
 from shared.bus import (
     DL_OBJECT_NAME_HEADER,
     DL_OBJECT_RESOURCE_VERSION_HEADER,
@@ -85,10 +85,18 @@ def appwrapper(ns: str, name: str, rv: str = "1", **extra: Any) -> dict[str, Any
 
 
 def pod(ns: str, aw: str, name: str, **status: Any) -> dict[str, Any]:
+    """A pod of the AppWrapper ``aw``: labelled, and a component it controls itself."""
+    owner = {"apiVersion": API_VERSION, "kind": KIND, "name": aw, "uid": f"uid-{aw}", "controller": True}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "labels": {APPWRAPPER_LABEL: aw}},
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": f"uid-{name}",
+            "labels": {APPWRAPPER_LABEL: aw},
+            "ownerReferences": [owner],
+        },
         "status": {"phase": "Running", **status},
     }
 
@@ -141,6 +149,8 @@ async def watcher(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tu
     tasks = [
         asyncio.create_task(w.watch("appwrappers", AW_REF, translate.appwrapper_observation)),
         asyncio.create_task(w.watch("pods", POD_REF, translate.pod_observation)),
+        # A pod seen before its AppWrapper is held until the AppWrapper's event.
+        asyncio.create_task(w.resolve_held()),
     ]
     try:
         yield w, script
