@@ -15,7 +15,7 @@ of its apiVersion, kind and name (:meth:`OwnerCache.fetch`), and remembered by i
 - any other failure (the API server unavailable): nothing is remembered; the same uid is not
   asked again before a backoff (1 s, doubling up to 30 s) has passed.
 
-The cache is bounded (:data:`CAPACITY` objects, the least recently learned dropped first); an
+The cache is bounded (:data:`CAPACITY` objects, the least recently used dropped first); an
 object dropped is read again if a chain needs it.
 """
 
@@ -51,7 +51,9 @@ LOOKUPS = metrics.counter(
     ["outcome"],
 )
 
-CAPACITY: Final = 200_000
+# About 500 bytes each: at most some 25 MB, for the components of tens of thousands of
+# AppWrappers and the objects between them and their pods.
+CAPACITY: Final = 50_000
 UNREADABLE_TTL: Final = 60.0
 _BACKOFF_FIRST, _BACKOFF_CAP = 1.0, 30.0
 
@@ -108,10 +110,14 @@ class OwnerCache:
 
     def get(self, uid: str) -> ChainNode | None:
         node = self._nodes.get(uid)
+        if node is None:
+            return None
         until = self._unreadable_until.get(uid)
         if until is not None and self.clock() >= until:
             self._drop(uid)
             return None
+        # Least recently used goes first: the owners of running pods stay.
+        self._nodes.move_to_end(uid)
         return node
 
     def remember(self, node: ChainNode) -> None:

@@ -19,7 +19,7 @@ import pytest
 from respawn.testbed import manifests
 from respawn.testbed.modes import Endpoints
 from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, KIND
-from shared.kube import Kube, ResourceRef
+from shared.kube import Kube, KubeApiError, ResourceRef
 from shared.kube.owners import OwnerCache
 from shared.ownership import NodeState, Outcome, OwnerLink, Reason, controller_link
 from tests.waiting import until
@@ -165,3 +165,40 @@ async def test_an_owner_of_a_kind_the_cluster_does_not_serve_is_unreadable(clust
     assert (found.outcome, found.reason) == (Outcome.FOREIGN, Reason.UNREADABLE)
     # Discovery said so: no GET was made.
     assert counted.gets == []
+
+
+@dataclass
+class FailingFirst(Counted):
+    """As Counted, but the first GET fails as an unavailable API server would (a fault injected
+    in front of the real client); later ones are the server's own."""
+
+    failed: int = 0
+
+    async def get(self, ref: ResourceRef, name: str, namespace: str | None = None) -> dict[str, Any]:
+        if not self.failed:
+            self.failed += 1
+            self.gets.append((ref.kind, name))
+            raise KubeApiError(503, "Service Unavailable", "injected")
+        return await super().get(ref, name, namespace)
+
+
+async def test_a_failed_lookup_is_not_remembered_and_not_repeated_before_its_backoff(
+    cluster: Cluster,
+) -> None:
+    aw, _, pod = await wrapped_deployment(cluster, "flaky")
+    rs = controller_link(pod)
+    assert rs is not None
+    now = [0.0]
+    failing = FailingFirst(cluster.kube)
+    owners = OwnerCache(failing, clock=lambda: now[0])
+    aw_uid = aw["metadata"]["uid"]
+
+    found = await owners.resolve(cluster.namespace, rs, appwrapper_uid=aw_uid)
+    assert (found.outcome, found.need) == (Outcome.PENDING, rs)
+    # Within the backoff the owner is not asked again...
+    assert (await owners.resolve(cluster.namespace, rs, appwrapper_uid=aw_uid)).outcome is Outcome.PENDING
+    assert owners.backing_off(rs.uid) and len(failing.gets) == 1
+    # ...and after it, it is, and the chain resolves.
+    now[0] += 1.0
+    assert (await owners.resolve(cluster.namespace, rs, appwrapper_uid=aw_uid)).owned
+    assert failing.gets == [("ReplicaSet", rs.name), ("ReplicaSet", rs.name), ("Deployment", "flaky-web")]

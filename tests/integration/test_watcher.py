@@ -152,3 +152,27 @@ async def test_deletes_made_while_the_watcher_was_down_get_tombstones_when_it_st
         stored = await obs.nc.jetstream().get_last_msg(OBS, aw_subject)
         # The services run with the default configuration here.
         assert stored.headers[TTL_HEADER] == ttl_value(OperatorConfig().nats.tombstone_ttl.total_seconds())
+
+
+async def test_a_pod_that_leaves_its_appwrappers_owner_tree_is_replaced_by_a_tombstone(
+    testbed: Endpoints, appwrapper_crd: Path, namespace: str, service: ServiceFactory
+) -> None:
+    kc = testbed.kubeconfig
+    watcher = service("watcher")
+    apply(kc, namespace, manifests.job_appwrapper("aw4", suspend=True))
+    uid = sim.get_json(kc, "appwrapper", "aw4", "-n", namespace)["metadata"]["uid"]
+    # A pod that is a component of aw4 itself: attributed without any lookup.
+    pod = manifests.pod("p", labels={APPWRAPPER_LABEL: "aw4"})
+    pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": API_VERSION, "kind": KIND, "name": "aw4", "uid": uid, "controller": True}
+    ]
+    apply(kc, namespace, pod)
+    subject = subjects.appwrapper_obs(namespace, "aw4", "pod", "p")
+    async with Observer(testbed.nats_url) as obs:
+        await obs.wait_last(OBS, subject, PodObservation, lambda m: not m.deleted)
+        # Its owner reference removed, only the label says it is aw4's: that no longer counts.
+        remove = '[{"op": "remove", "path": "/metadata/ownerReferences"}]'
+        kubectl(kc, "patch", "pod", "p", "-n", namespace, "--type=json", "-p", remove)
+        gone = await obs.wait_last(OBS, subject, PodObservation, lambda m: m.deleted)
+        assert gone.ref.name == "p"
+    assert 'respawn_watcher_pods_unattributed_total{reason="no-owner"}' in watcher.metrics()

@@ -361,3 +361,29 @@ async def test_the_watcher_user_may_list_stored_subjects_and_dead_letter(auth_na
         assert found.get(subject) == 1
         letter = await bus.dead_letter(subject, {"name": "aw"}, reason="too-deep", error="deep", name="aw")
         assert letter.stream == subjects.DEAD_LETTER_STREAM
+
+
+async def test_a_pod_whose_appwrapper_never_shows_up_is_held_then_given_up_unpublished(
+    watcher: tuple[service.Watcher, Script], bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "HOLD_LIMIT", 1.0)
+    w, script = watcher
+    ns = f"ns-{uid()}"
+    before = metric("respawn_watcher_pods_unattributed_total", reason="unresolved")
+    script.add(AW_REF, WatchEvent("SYNCED", {}))
+    script.add(POD_REF, WatchEvent("ADDED", pod(ns, "unknown", "waiting")), WatchEvent("SYNCED", {}))
+    await until("the pod held", lambda: "uid-waiting" in w.held)
+    await until(
+        "the pod given up",
+        lambda: metric("respawn_watcher_pods_unattributed_total", reason="unresolved"),
+        done=lambda now: now > before,
+    )
+    assert "uid-waiting" not in w.held
+    assert await last(bus, subjects.appwrapper_obs(ns, "unknown", "pod", "waiting")) is None
+    # Its AppWrapper showing up later, the pod's next change is published.
+    script.add(AW_REF, WatchEvent("ADDED", appwrapper(ns, "unknown")))
+    script.add(POD_REF, WatchEvent("MODIFIED", pod(ns, "unknown", "waiting", reason="again")))
+    seen = await until(
+        "the pod published", lambda: last(bus, subjects.appwrapper_obs(ns, "unknown", "pod", "waiting"))
+    )
+    assert decode(PodObservation, seen.data).ref.uid == "uid-waiting"
