@@ -1,4 +1,4 @@
-"""watcher: Kubernetes watches → observations on NATS. It decides nothing.
+"""watcher: Kubernetes watches → observations on NATS. It judges nothing.
 
 One list-then-watch per resource: AppWrappers, pods labelled with their AppWrapper,
 nodes, and one per wrapped kind actually in use (discovered from AppWrapper components,

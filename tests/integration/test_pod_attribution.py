@@ -118,10 +118,6 @@ async def test_pods_with_the_label_but_outside_the_owner_tree_neither_reset_nor_
     )
     other = manifests.pod("other-appwrappers", labels=label)
     other["metadata"]["ownerReferences"] = owner_reference(bystander, API_VERSION, KIND)
-    before = {
-        reason: sample(watcher, "respawn_watcher_pods_unattributed_total", reason=reason)
-        for reason in ("no-owner", "foreign-owner", "other-appwrapper")
-    }
     for manifest in (forged, unrelated, other):
         apply(kc, namespace, manifest)
     job_pods = await until(
@@ -131,6 +127,11 @@ async def test_pods_with_the_label_but_outside_the_owner_tree_neither_reset_nor_
     impostors = ["forged", job_pods[0]["metadata"]["name"], "other-appwrappers"]
     for name in impostors:
         await running(kc, namespace, name)
+    before = {
+        reason: sample(watcher, "respawn_watcher_pods_unattributed_total", reason=reason)
+        for reason in ("no-owner", "foreign-owner", "other-appwrapper")
+    }
+    for name in impostors:
         sim.fail_pod(kc, namespace, name, exit_code=1)
 
     # The watcher saw each one fail and published none of them.
