@@ -10,14 +10,15 @@ One call is one step; the caller repeats it (on observations or at ``requeue_at`
    AppWrapper's (seen with its controller owner reference, or created by us) is deleted, and the
    delete carries its uid as a precondition: an object of the same name owned by someone else
    is never touched, and neither is one that could not be read (it is waited for instead).
-   Once no component is left, labelled pods not yet terminating are deleted too, with their
+   Once no component is left, its pods (the labelled ones in its owner tree, see the reader)
+   not yet terminating are deleted too, with their
    own grace period (a Respawn addition: the garbage collector would get to them, one after
    another, but a large reset waits for the last one).
-3. Once ``ForcefulDeletionGracePeriod`` has passed with anything left: every remaining labelled
-   pod is deleted with grace period 0, and only when no pod is left, the remaining components
+3. Once ``ForcefulDeletionGracePeriod`` has passed with anything left: every remaining pod of
+   the AppWrapper is deleted with grace period 0, and only when no pod is left, the remaining components
    are deleted with grace period 0. Pods go first because a component's controller could
    otherwise recreate them, and because pods are what holds the nodes (and the quota).
-4. Complete when no component and no labelled pod is left: ``DeletingResources`` turns False
+4. Complete when no component and no pod of the AppWrapper is left: ``DeletingResources`` turns False
    (``DeletionComplete``). Only then may the caller turn ``ResourcesDeployed`` False, which is
    Kueue's signal that the quota is free.
 

@@ -19,6 +19,7 @@ from typing import Any
 from services.lifecycle.actions import CreateOutcome
 from shared import metrics
 from shared.kube.watch import WatchEvent
+from shared.ownership import OwnerLink, controller_link
 
 __all__ = [
     "Observed",
@@ -97,7 +98,9 @@ class ObservedComponent:
 
 @dataclass(frozen=True, slots=True)
 class ObservedPod:
-    """One pod labelled ``workload.codeflare.dev/appwrapper=<name>`` that still exists."""
+    """One pod labelled ``workload.codeflare.dev/appwrapper=<name>`` that still exists (in an
+    :class:`Observed`: one whose controller owner chain leads to that AppWrapper, see
+    :meth:`services.lifecycle.reader.Reader.observe_pods`)."""
 
     name: str
     phase: str = "Pending"
@@ -105,6 +108,8 @@ class ObservedPod:
     terminating: bool = False
     # As ObservedComponent.uid: a force delete touches only the pod that was seen.
     uid: str = ""
+    # Its controller owner reference, the first link of the chain that makes it the AppWrapper's.
+    controller: OwnerLink | None = None
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> ObservedPod:
@@ -115,6 +120,7 @@ class ObservedPod:
             phase=str(_mapping(pod.get("status")).get("phase") or "Pending"),
             terminating=bool(meta.get("deletionTimestamp")),
             uid=str(meta.get("uid") or ""),
+            controller=controller_link(pod),
         )
 
 
@@ -154,7 +160,8 @@ class ObservedNode:
 class Observed:
     # Parallel to spec.components; missing trailing entries count as UNKNOWN.
     components: tuple[ObservedComponent, ...] = ()
-    # Every labelled pod that still exists; None when the pods were not listed, which keeps a
+    # Every pod of the AppWrapper (labelled and in its owner tree) that still exists; None when
+    # the pods were not listed (or their owners not read), which keeps a
     # deletion from ever being declared complete on a guess.
     pods: tuple[ObservedPod, ...] | None = None
     # Results of the CreateComponent actions of the previous plan, by component index.

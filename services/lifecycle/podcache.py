@@ -3,7 +3,9 @@
 Every reconcile pass needs the AppWrapper's pods. A LIST by label selector per pass makes the
 API server filter every pod of the namespace each time: with 10,000 AppWrappers that is the
 bulk of its CPU and of a pass's time. This cache answers from one watch instead, keeping only
-what a decision needs (name, phase, terminating, uid), a few hundred bytes per pod.
+what a decision needs (name, phase, terminating, uid, controller owner reference), a few
+hundred bytes per pod. It indexes by the label only: which of those pods are the AppWrapper's
+(their owner chain leads to it) the reader decides (``Reader.ours``).
 
 What a watch cache may say and what it may not:
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from services.lifecycle.actions import CreateOutcome
@@ -31,8 +31,10 @@ from services.lifecycle.workqueue import Key
 from shared import metrics
 from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, COMPONENT_ANNOTATION, KIND
 from shared.kube import KubeApiError, ResourceRef
+from shared.kube.owners import OwnerCache
+from shared.ownership import Outcome, Reason
 
-__all__ = ["READ_FAILURES", "KubeReads", "Reader"]
+__all__ = ["NOT_COUNTED", "READ_FAILURES", "ComponentIdentity", "KubeReads", "Reader"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,16 @@ READ_FAILURES = metrics.counter(
     "API answers lifecycle could not read (not an API error: e.g. nested too deeply), by what was read",
     ["what"],
 )
+
+NOT_COUNTED = metrics.counter(
+    "respawn_lifecycle_pods_not_counted",
+    "Labelled pods lifecycle neither counted nor deleted for an AppWrapper, because their "
+    "controller owner chain does not lead to it, by reason",
+    ["reason"],
+)
+
+# (API group, kind, name) of one of an AppWrapper's components.
+ComponentIdentity = tuple[str, str, str]
 
 
 class KubeReads(Protocol):
@@ -77,6 +89,9 @@ class Reader:
         self.pod_cache = pod_cache
         self.nodes = nodes
         self.node_cache = node_cache
+        # What is known of the owners on pods' controller chains, by uid: the components as they
+        # are read, the objects in between as they are looked up (shared/kube/owners.py).
+        self.owners = OwnerCache(kube)
         # Per AppWrapper (and incarnation uid): component index -> (name, uid) of the object last
         # confirmed to be its own, by a read or our create. It lets a pass that skips reading the
         # components (the first of an urgent reset) still delete them, by that uid only.
@@ -150,11 +165,15 @@ class Reader:
             if outcome.succeeded and outcome.name and outcome.uid:
                 self._confirm(key, uid, index, outcome.name, outcome.uid)
         reads: list[Awaitable[ObservedComponent]] = []
+        kinds: list[tuple[str, str]] = []
         for index, comp in enumerate(spec_components):
             template = comp.get("template") if isinstance(comp, Mapping) else None
             if not isinstance(template, Mapping):
                 reads.append(_known(ObservedComponent(controlled_by_us=False)))
+                kinds.append(("", ""))
                 continue
+            group = str(template.get("apiVersion", "")).rpartition("/")[0]
+            kinds.append((group, str(template.get("kind", ""))))
             comp_name = ""
             if index < len(statuses) and isinstance(statuses[index], Mapping):
                 comp_name = str(statuses[index].get("name") or "")
@@ -192,19 +211,74 @@ class Reader:
                     appwrapper=name,
                 )
             )
-        seen, listed, node_list = await asyncio.gather(
+        seen, node_list = await asyncio.gather(
             asyncio.gather(*reads),
-            self.observe_pods(namespace, name) if pods else _none(),
             self.observe_nodes() if nodes else _none(),
         )
+        listed = None
+        if pods:
+            # After the components: what they were read to be is what the pods' chains end at.
+            identities = {
+                (group, kind, component.name)
+                for (group, kind), component in zip(kinds, seen, strict=True)
+                if component.name
+            }
+            listed = await self.observe_pods(namespace, name, uid, identities)
         return Observed(components=tuple(seen), pods=listed, created=dict(created), nodes=node_list)
 
-    async def observe_pods(self, namespace: str, name: str) -> tuple[ObservedPod, ...] | None:
-        """The AppWrapper's pods: from the pod cache, or a LIST where the cache cannot answer
-        (before it has synced, and whenever the answer would be "none": see PodCache)."""
+    async def observe_pods(
+        self,
+        namespace: str,
+        name: str,
+        appwrapper_uid: str,
+        components: Collection[ComponentIdentity] = (),
+    ) -> tuple[ObservedPod, ...] | None:
+        """The AppWrapper's pods: the labelled ones (from the pod cache, or a LIST where the cache
+        cannot answer: before it has synced, and whenever the answer would be "none", see
+        PodCache) whose controller owner chain leads to it (:meth:`ours`). None when unknown."""
         cached = self.pod_cache.pods(namespace, name)
         if cached is not None:
-            return cached
+            ours = await self.ours(namespace, cached, appwrapper_uid, components)
+            if ours is None or ours:
+                return ours
+            # The cache holds only pods that are not the AppWrapper's: "none left" is for a LIST to say.
+        listed = await self.list_pods(namespace, name)
+        if listed is None:
+            return None
+        return await self.ours(namespace, listed, appwrapper_uid, components)
+
+    async def ours(
+        self,
+        namespace: str,
+        pods: Sequence[ObservedPod],
+        appwrapper_uid: str,
+        components: Collection[ComponentIdentity],
+    ) -> tuple[ObservedPod, ...] | None:
+        """The pods that are the AppWrapper's (docs/lifecycle.md, "Observed"): those whose chain
+        leads to it, and those left behind by one of its components that is gone (what the
+        garbage collector deletes next; the staged deletion must wait for them and may delete
+        them). None when an owner on some pod's chain could not be read now: the pods are then
+        unknown on this pass, and nothing that needs them is decided."""
+        out: list[ObservedPod] = []
+        for pod in pods:
+            found = await self.owners.resolve(namespace, pod.controller, appwrapper_uid=appwrapper_uid)
+            if found.outcome is Outcome.PENDING:
+                return None
+            broken = found.broken
+            if found.owned or (
+                found.outcome is Outcome.ORPHANED
+                and broken is not None
+                and (broken.group, broken.kind, broken.name) in components
+            ):
+                out.append(pod)
+                continue
+            reason = found.reason or Reason.FOREIGN_OWNER
+            NOT_COUNTED.labels(reason=reason.value).inc()
+            log.debug("pod %s/%s is not counted for its AppWrapper: %s", namespace, pod.name, reason.value)
+        return tuple(out)
+
+    async def list_pods(self, namespace: str, name: str) -> tuple[ObservedPod, ...] | None:
+        """The pods labelled with the AppWrapper, by a LIST; None when they cannot be listed."""
         try:
             listing = await self.kube.list(self.pods, namespace, labelSelector=f"{APPWRAPPER_LABEL}={name}")
             return tuple(ObservedPod.of(p) for p in _list(listing.get("items")) if isinstance(p, Mapping))
@@ -260,6 +334,8 @@ class Reader:
         self, obj: Mapping[str, Any], name: str, aw_uid: str, key: Key | None, index: int
     ) -> ObservedComponent:
         meta = _mapping(obj.get("metadata"))
+        # Its controller is what the chains of its pods end at.
+        self.owners.learn(obj)
         presence = Presence.DELETING if meta.get("deletionTimestamp") else Presence.PRESENT
         ours = bool(aw_uid) and controller_uid(obj) == aw_uid
         uid = str(meta.get("uid") or "")

@@ -1,10 +1,17 @@
-"""watcher: Kubernetes watches → observations on NATS. It decides nothing.
+"""watcher: Kubernetes watches → observations on NATS. It judges nothing.
 
 One list-then-watch per resource: AppWrappers, pods labelled with their AppWrapper,
 nodes, and one per wrapped kind actually in use (discovered from AppWrapper components,
 any GVK, also selected by the AppWrapper label). Every object's latest relevant state is
 published to its own subject; unchanged states are skipped, and a restarted watcher
 republishes everything once (consumers are idempotent and JetStream de-duplicates).
+
+A labelled pod is published only if its controller owner chain leads to the AppWrapper its label
+names (:mod:`shared.ownership`): the components and AppWrappers come from the watches, so a pod
+owned by a component needs no call; an owner in between is read once (:mod:`shared.kube.owners`).
+A pod whose chain is not known yet is held and looked at again (:meth:`Watcher.resolve_held`);
+one whose chain ends elsewhere is counted in ``respawn_watcher_pods_unattributed_total`` and
+not published.
 
 One user's bad object never stops detection for everyone: whatever fails with one object
 (translation, the size and depth caps, a publish that can never succeed, anything unexpected)
@@ -24,19 +31,23 @@ lists again, and those objects are published again (docs/messages.md, "A stream 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from services.watcher import translate
 from shared import metrics, subjects
 from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, KIND
-from shared.appwrapper.model import list_at, mapping_at
+from shared.appwrapper.model import list_at, mapping_at, str_at
 from shared.bus import BusError, PermanentPublishError
 from shared.bus.publish import TRANSIENT_PUBLISH_ERRORS
 from shared.kube import Kube, KubeApiError, ResourceRef
+from shared.kube.owners import OwnerCache
 from shared.kube.watch import Backoff, list_then_watch
 from shared.messages import (
     AppWrapperObservation,
@@ -45,6 +56,7 @@ from shared.messages import (
     NodeObservation,
     PodObservation,
 )
+from shared.ownership import Attribution, Outcome, OwnerLink, Reason, controller_link
 from shared.runtime import Runtime, entry
 
 log = logging.getLogger(__name__)
@@ -74,6 +86,29 @@ RESTORED = metrics.counter(
     "object (the stream at its limit), by kind",
     ["kind"],
 )
+UNATTRIBUTED = metrics.counter(
+    "respawn_watcher_pods_unattributed",
+    "Watch events of labelled pods not published because the pod's controller owner chain does "
+    "not lead to the AppWrapper its label names, by reason",
+    ["reason"],
+)
+HELD = metrics.gauge(
+    "respawn_watcher_pods_held", "Labelled pods held while the owners on their chain are looked up"
+)
+
+# How long a pod may wait for its owner chain to be resolved once every watch has synced (before,
+# the owners may simply not have been listed yet); then it is given up (reason "unresolved")
+# until its next change.
+HOLD_LIMIT = 30.0
+# How long a pod whose owner is of a watched kind waits for that watch to bring the owner before
+# it is read by a GET: the owner's watch event usually comes within milliseconds of the pod's.
+WATCH_GRACE = 1.0
+# Owner GETs made at the same time, at most.
+LOOKUP_CONCURRENCY = 8
+# How often held pods are looked at again when nothing wakes the resolver.
+RESOLVE_PERIOD = 0.5
+# How many pods' "not attributed" log lines are remembered, so that each pod is logged once.
+_LOGGED_CAPACITY = 10_000
 
 Translator = Callable[..., Message | None]
 
@@ -174,6 +209,14 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
+@dataclass(slots=True)
+class Held:
+    """A pod whose owner chain is not resolved yet: its latest state, and since when it waits."""
+
+    obj: dict[str, Any]
+    since: float
+
+
 class Watcher:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
@@ -192,6 +235,17 @@ class Watcher:
         self.relisting: set[str] = set()
         self.relist_at: dict[str, float] = {}
         self.relist_gap: dict[str, float] = {}
+        # Pod attribution (docs/architecture.md, "Which pods count for an AppWrapper"): the
+        # owners on pods' chains by uid (the components are learned from their watches), and the
+        # uid of every AppWrapper by (namespace, name), from the AppWrapper watch.
+        self.owners = OwnerCache(self.kube)
+        self.appwrapper_uids: dict[tuple[str, str], str] = {}
+        self.held: dict[str, Held] = {}
+        self.wake = asyncio.Event()
+        self.lookups: dict[str, asyncio.Task[None]] = {}
+        self.lookup_slots = asyncio.Semaphore(LOOKUP_CONCURRENCY)
+        self.synced_at: float | None = None
+        self.logged: OrderedDict[str, None] = OrderedDict()
 
     def ready(self) -> bool:
         return bool(self.synced) and all(self.synced.values())
@@ -253,6 +307,7 @@ class Watcher:
                 if not self.synced[name]:
                     log.info("watch %s synced", name)
                 self.synced[name] = True
+                self.wake.set()
                 continue
             deleted = event.type == "DELETED"
             obj = event.obj
@@ -263,6 +318,10 @@ class Watcher:
                 live.discard(subject)
             elif subject:
                 live.add(subject)
+            if observation_kind == PodObservation.KIND:
+                await self.handle_pod(obj, deleted=deleted)
+                continue
+            self.learn(obj, observation_kind, deleted=deleted)
             await self.handle(obj, to_message, observation_kind, deleted=deleted)
 
     async def handle(
@@ -290,6 +349,162 @@ class Watcher:
                 self.discover_components(obj)
             except Exception:  # the AppWrapper was published; its odd components must not stop the watch
                 log.exception("cannot read the components of %s", translate.identity(obj))
+
+    # ------------------------------------------------------------------ pod attribution
+
+    def learn(self, obj: dict[str, Any], observation_kind: str, *, deleted: bool) -> None:
+        """What the AppWrapper and component watches tell pod attribution. A deleted component
+        is not forgotten: its pods still belong to its AppWrapper while they terminate."""
+        if observation_kind == AppWrapperObservation.KIND:
+            key = (str_at(obj, "metadata", "namespace"), str_at(obj, "metadata", "name"))
+            uid = str_at(obj, "metadata", "uid")
+            if not deleted:
+                if uid:
+                    self.appwrapper_uids[key] = uid
+            elif not uid or self.appwrapper_uids.get(key) == uid:
+                # Not when a newer AppWrapper of the same name was seen already.
+                self.appwrapper_uids.pop(key, None)
+        elif observation_kind == ComponentObservation.KIND:
+            self.owners.learn(obj)
+        else:
+            return
+        if self.held:
+            self.wake.set()
+
+    def attribute(self, pod: dict[str, Any]) -> Attribution:
+        """Where the pod's controller chain leads, from what is known now (no API call)."""
+        namespace = str_at(pod, "metadata", "namespace")
+        label = str_at(pod, "metadata", "labels", APPWRAPPER_LABEL)
+        return self.owners.attribute(
+            controller_link(pod), appwrapper_uid=self.appwrapper_uids.get((namespace, label))
+        )
+
+    def published(self, pod: dict[str, Any]) -> bool:
+        """Whether this watcher published the pod's latest state (not a tombstone)."""
+        return translate.object_subject(pod, PodObservation.KIND) in self.publisher.last
+
+    async def handle_pod(self, pod: dict[str, Any], *, deleted: bool) -> None:
+        """Publish the pod only if its owner chain leads to the AppWrapper its label names; hold
+        it while an owner on the way is not known yet (:meth:`resolve_held` looks again).
+
+        A deletion is published unless the pod is certainly someone else's (and was never
+        published): a tombstone only removes what health holds of that pod, and for a pod whose
+        owners are gone it is the last word on what an earlier watcher may have published.
+        """
+        uid = str_at(pod, "metadata", "uid")
+        found = self.attribute(pod)
+        if deleted:
+            self.release(uid)
+            if found.outcome is Outcome.FOREIGN and not self.published(pod):
+                self.count_unattributed(pod, found.reason or Reason.FOREIGN_OWNER)
+                return
+            await self.handle(pod, translate.pod_observation, PodObservation.KIND, deleted=True)
+            return
+        if found.outcome is Outcome.PENDING:
+            held = self.held.get(uid)
+            self.held[uid] = Held(pod, held.since if held is not None else time.monotonic())
+            HELD.set(len(self.held))
+            self.wake.set()
+            return
+        self.release(uid)
+        if found.owned:
+            await self.handle(pod, translate.pod_observation, PodObservation.KIND, deleted=False)
+        else:
+            await self.disown(pod, found.reason or Reason.FOREIGN_OWNER)
+
+    def release(self, uid: str) -> None:
+        if self.held.pop(uid, None) is not None:
+            HELD.set(len(self.held))
+
+    def count_unattributed(self, pod: dict[str, Any], reason: Reason) -> None:
+        UNATTRIBUTED.labels(reason=reason.value).inc()
+        uid = str_at(pod, "metadata", "uid")
+        if uid in self.logged:
+            return
+        self.logged[uid] = None
+        if len(self.logged) > _LOGGED_CAPACITY:
+            self.logged.popitem(last=False)
+        log.log(
+            logging.WARNING if reason not in (Reason.OWNER_GONE, Reason.UNRESOLVED) else logging.INFO,
+            "pod %s/%s (uid %s) is labelled for AppWrapper %s but not counted for it: %s",
+            str_at(pod, "metadata", "namespace"),
+            str_at(pod, "metadata", "name"),
+            uid,
+            str_at(pod, "metadata", "labels", APPWRAPPER_LABEL),
+            reason.value,
+        )
+
+    async def disown(self, pod: dict[str, Any], reason: Reason) -> None:
+        """Count a pod that is not published; if it was (its owners changed since), replace its
+        last state with a tombstone, so that it no longer counts for the AppWrapper."""
+        self.count_unattributed(pod, reason)
+        if self.published(pod):
+            await self.handle(pod, translate.pod_observation, PodObservation.KIND, deleted=True)
+
+    async def resolve_held(self) -> None:
+        """Look at the held pods again whenever something they may wait for arrives (an
+        AppWrapper, a component, an owner read, a watch synced), and at least every
+        :data:`RESOLVE_PERIOD`. Never returns; cancel it to stop."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), RESOLVE_PERIOD)
+            self.wake.clear()
+            if self.synced_at is None and self.ready():
+                self.synced_at = time.monotonic()
+            for uid, held in list(self.held.items()):
+                if self.held.get(uid) is not held:
+                    continue  # a newer state, or gone, meanwhile
+                try:
+                    await self.retry_held(uid, held)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # one pod must not stop the others' resolution
+                    log.exception("resolving the owners of pod %s failed", uid)
+
+    async def retry_held(self, uid: str, held: Held) -> None:
+        pod = held.obj
+        found = self.attribute(pod)
+        if found.outcome is not Outcome.PENDING:
+            self.release(uid)
+            if found.owned:
+                await self.handle(pod, translate.pod_observation, PodObservation.KIND, deleted=False)
+            else:
+                await self.disown(pod, found.reason or Reason.FOREIGN_OWNER)
+            return
+        now_ = time.monotonic()
+        if self.synced_at is not None and now_ - max(held.since, self.synced_at) >= HOLD_LIMIT:
+            self.release(uid)
+            await self.disown(pod, Reason.UNRESOLVED)
+            return
+        need = found.need
+        # An AppWrapper is not read: the AppWrapper watch brings it (or it is gone).
+        if need is None or need.is_appwrapper or need.uid in self.lookups:
+            return
+        if self.may_look_up(need, held.since, now_):
+            namespace = str_at(pod, "metadata", "namespace")
+            self.lookups[need.uid] = asyncio.create_task(self.look_up(namespace, need))
+
+    def may_look_up(self, need: OwnerLink, since: float, now_: float) -> bool:
+        """Whether to read ``need`` by a GET now, rather than wait for a watch to bring it."""
+        if self.owners.backing_off(need.uid):
+            return False
+        gvk = (need.api_version, need.kind)
+        if gvk in self.component_watches:
+            return self.synced.get(_component_watch_name(*gvk), False) and now_ - since >= WATCH_GRACE
+        # A kind no watch covers yet may be wrapped by an AppWrapper the list has not reached.
+        return self.synced.get(APPWRAPPERS_WATCH, False)
+
+    async def look_up(self, namespace: str, need: OwnerLink) -> None:
+        try:
+            async with self.lookup_slots:
+                await self.owners.fetch(namespace, need)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # counted and retried by the cache; the resolver goes on
+            log.exception("looking up %s %s/%s failed", need.kind, namespace, need.name)
+        finally:
+            self.lookups.pop(need.uid, None)
+            self.wake.set()
 
     async def refuse(self, observation_kind: str, refused: translate.Refused) -> None:
         """Dead-letter an object that is not published (with who it is and why, never the object
@@ -443,7 +658,10 @@ class Watcher:
     async def component_watch(self, api_version: str, kind: str) -> None:
         ref = await self.resolve(api_version, kind)
         await self.watch(
-            f"{kind}.{api_version}", ref, translate.component_observation, label_selector=APPWRAPPER_LABEL
+            _component_watch_name(api_version, kind),
+            ref,
+            translate.component_observation,
+            label_selector=APPWRAPPER_LABEL,
         )
 
     async def run(self) -> None:
@@ -456,14 +674,22 @@ class Watcher:
                 self.watch("pods", pods, translate.pod_observation, label_selector=APPWRAPPER_LABEL)
             ),
             asyncio.create_task(self.watch("nodes", nodes, translate.node_observation)),
-            asyncio.create_task(self.watch("appwrappers", appwrappers, translate.appwrapper_observation)),
+            asyncio.create_task(self.watch(APPWRAPPERS_WATCH, appwrappers, translate.appwrapper_observation)),
             asyncio.create_task(self.keep_stored(), name="keep-stored"),
+            asyncio.create_task(self.resolve_held()),
         ]
         try:
             await asyncio.gather(*self.tasks)
         finally:
-            for task in [*self.tasks, *self.component_watches.values()]:
+            for task in [*self.tasks, *self.component_watches.values(), *self.lookups.values()]:
                 task.cancel()
+
+
+APPWRAPPERS_WATCH = "appwrappers"
+
+
+def _component_watch_name(api_version: str, kind: str) -> str:
+    return f"{kind}.{api_version}"
 
 
 # The observation kind each translator makes (for subjects, metrics and reconciliation).

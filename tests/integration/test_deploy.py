@@ -155,9 +155,18 @@ def test_build_holds_the_whole_system(built: dict[str, list[dict[str, Any]]], ta
         ("ValidatingAdmissionPolicyBinding", LIFECYCLE_POLICY),
     }
     assert expected <= names
+    # The owners between a component and its pods are read, never listed or watched, by both.
+    for service in WITH_KUBE:
+        chains = one(docs, "ClusterRole", f"respawn-{service}-owner-chains")
+        assert chains["metadata"]["labels"][f"rbac.respawn.dev/aggregate-to-{service}"] == "true"
+        assert {verb for rule in chains["rules"] for verb in rule["verbs"]} == {"get"}
+        assert {res for rule in chains["rules"] for res in rule["resources"]} == set(OWNER_CHAIN_KINDS)
     namespaced = [d for d in docs if d["kind"] not in CLUSTER_SCOPED]
     assert {d["metadata"].get("namespace") for d in namespaced} == {SYSTEM_NS}
 
+
+# The kinds between a wrapped component and its pods (docs/deploy.md).
+OWNER_CHAIN_KINDS = ("pods", "replicasets", "statefulsets", "jobs", "rayclusters")
 
 CLUSTER_SCOPED = {
     "Namespace",
@@ -611,6 +620,8 @@ def test_watcher_may_read_what_it_watches_and_nothing_else(
     for resource in (APPWRAPPERS, "pods", "nodes", *WRAPPED_KINDS):
         for verb in ("get", "list", "watch"):
             assert can_i(kc, verb, resource), f"watcher cannot {verb} {resource}"
+    for resource in ("pods", "replicasets.apps", "statefulsets.apps", "jobs.batch", "rayclusters.ray.io"):
+        assert can_i(kc, "get", resource), f"watcher cannot get {resource} (owner chains)"
     for verb, resource in [
         ("create", APPWRAPPERS),
         ("update", APPWRAPPERS),

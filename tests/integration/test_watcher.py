@@ -11,7 +11,7 @@ from respawn.testbed import manifests, sim
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
 from shared import subjects
-from shared.appwrapper.constants import APPWRAPPER_LABEL
+from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, KIND
 from shared.bus import TTL_HEADER
 from shared.bus.headers import ttl_value
 from shared.config import OperatorConfig
@@ -26,11 +26,17 @@ pytestmark = pytest.mark.testbed
 OBS = subjects.OBSERVATIONS_STREAM
 
 
-def labelled_job(name: str, aw: str, **annotations: str) -> dict[str, Any]:
-    """A Job labelled as the AppWrapper ``aw``'s, as lifecycle would create it (pods labelled too)."""
+def labelled_job(kubeconfig: Path, namespace: str, name: str, aw: str, **annotations: str) -> dict[str, Any]:
+    """A Job of the AppWrapper ``aw`` as lifecycle would create it: labelled (its pods too) and
+    controlled by the AppWrapper, so that its pods' owner chain leads there."""
     labels = {APPWRAPPER_LABEL: aw}
     template = manifests.pod_template(labels=labels, annotations=annotations, container="c")
-    return manifests.job(name, labels=labels, backoffLimit=0, template=template)
+    job = manifests.job(name, labels=labels, backoffLimit=0, template=template)
+    uid = sim.get_json(kubeconfig, "appwrapper", aw, "-n", namespace)["metadata"]["uid"]
+    job["metadata"]["ownerReferences"] = [
+        {"apiVersion": API_VERSION, "kind": KIND, "name": aw, "uid": uid, "controller": True}
+    ]
+    return job
 
 
 async def first_pod(kubeconfig: Path, namespace: str, within: float = 30) -> str:
@@ -48,8 +54,12 @@ async def test_watcher_publishes_appwrappers_components_pods_nodes_and_tombstone
     kc = testbed.kubeconfig
     watcher = service("watcher")
     apply(kc, namespace, manifests.job_appwrapper("aw1", suspend=True))
-    # The Job stands in for what lifecycle would create: labelled with its AppWrapper.
-    apply(kc, namespace, labelled_job("aw1-job", "aw1", **{sim.FAIL_AFTER: "1s", sim.EXIT_CODE: "3"}))
+    # The Job stands in for what lifecycle would create: labelled with, and controlled by, aw1.
+    apply(
+        kc,
+        namespace,
+        labelled_job(kc, namespace, "aw1-job", "aw1", **{sim.FAIL_AFTER: "1s", sim.EXIT_CODE: "3"}),
+    )
     async with Observer(testbed.nats_url) as obs:
         aw = await obs.wait_last(
             OBS,
@@ -96,7 +106,8 @@ async def test_restarted_watcher_resumes_without_losing_a_transition(
 ) -> None:
     kc = testbed.kubeconfig
     watcher = service("watcher")
-    apply(kc, namespace, labelled_job("j", "aw2"))
+    apply(kc, namespace, manifests.job_appwrapper("aw2", suspend=True))
+    apply(kc, namespace, labelled_job(kc, namespace, "j", "aw2"))
     async with Observer(testbed.nats_url) as obs:
         pod_name = await first_pod(kc, namespace)
         subject = subjects.appwrapper_obs(namespace, "aw2", "pod", pod_name)
@@ -118,7 +129,7 @@ async def test_deletes_made_while_the_watcher_was_down_get_tombstones_when_it_st
     kc = testbed.kubeconfig
     watcher = service("watcher")
     apply(kc, namespace, manifests.job_appwrapper("aw3", suspend=True))
-    apply(kc, namespace, labelled_job("aw3-job", "aw3"))
+    apply(kc, namespace, labelled_job(kc, namespace, "aw3-job", "aw3"))
     aw_subject = subjects.appwrapper_obs(namespace, "aw3", "appwrapper", "aw3")
     async with Observer(testbed.nats_url) as obs:
         await obs.wait_last(OBS, aw_subject, AppWrapperObservation, lambda m: not m.deleted)
@@ -141,3 +152,27 @@ async def test_deletes_made_while_the_watcher_was_down_get_tombstones_when_it_st
         stored = await obs.nc.jetstream().get_last_msg(OBS, aw_subject)
         # The services run with the default configuration here.
         assert stored.headers[TTL_HEADER] == ttl_value(OperatorConfig().nats.tombstone_ttl.total_seconds())
+
+
+async def test_a_pod_that_leaves_its_appwrappers_owner_tree_is_replaced_by_a_tombstone(
+    testbed: Endpoints, appwrapper_crd: Path, namespace: str, service: ServiceFactory
+) -> None:
+    kc = testbed.kubeconfig
+    watcher = service("watcher")
+    apply(kc, namespace, manifests.job_appwrapper("aw4", suspend=True))
+    uid = sim.get_json(kc, "appwrapper", "aw4", "-n", namespace)["metadata"]["uid"]
+    # A pod that is a component of aw4 itself: attributed without any lookup.
+    pod = manifests.pod("p", labels={APPWRAPPER_LABEL: "aw4"})
+    pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": API_VERSION, "kind": KIND, "name": "aw4", "uid": uid, "controller": True}
+    ]
+    apply(kc, namespace, pod)
+    subject = subjects.appwrapper_obs(namespace, "aw4", "pod", "p")
+    async with Observer(testbed.nats_url) as obs:
+        await obs.wait_last(OBS, subject, PodObservation, lambda m: not m.deleted)
+        # Its owner reference removed, only the label says it is aw4's: that no longer counts.
+        remove = '[{"op": "remove", "path": "/metadata/ownerReferences"}]'
+        kubectl(kc, "patch", "pod", "p", "-n", namespace, "--type=json", "-p", remove)
+        gone = await obs.wait_last(OBS, subject, PodObservation, lambda m: m.deleted)
+        assert gone.ref.name == "p"
+    assert 'respawn_watcher_pods_unattributed_total{reason="no-owner"}' in watcher.metrics()

@@ -26,7 +26,7 @@ from prometheus_client import REGISTRY
 from respawn.testbed.nats import NatsServer, start_nats
 from services.watcher import service, translate
 from shared import subjects
-from shared.appwrapper.constants import APPWRAPPER_LABEL
+from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, KIND
 from shared.bus import (
     DL_OBJECT_NAME_HEADER,
     DL_OBJECT_RESOURCE_VERSION_HEADER,
@@ -89,10 +89,18 @@ def appwrapper(ns: str, name: str, rv: str = "1", **extra: Any) -> dict[str, Any
 
 
 def pod(ns: str, aw: str, name: str, **status: Any) -> dict[str, Any]:
+    """A pod of the AppWrapper ``aw``: labelled, and a component it controls itself."""
+    owner = {"apiVersion": API_VERSION, "kind": KIND, "name": aw, "uid": f"uid-{aw}", "controller": True}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "labels": {APPWRAPPER_LABEL: aw}},
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": f"uid-{name}",
+            "labels": {APPWRAPPER_LABEL: aw},
+            "ownerReferences": [owner],
+        },
         "status": {"phase": "Running", **status},
     }
 
@@ -125,6 +133,8 @@ async def running(bus: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tu
     tasks = [
         asyncio.create_task(w.watch("appwrappers", AW_REF, translate.appwrapper_observation)),
         asyncio.create_task(w.watch("pods", POD_REF, translate.pod_observation)),
+        # A pod seen before its AppWrapper is held until the AppWrapper's event.
+        asyncio.create_task(w.resolve_held()),
     ]
     try:
         yield w, script
@@ -506,3 +516,29 @@ async def test_the_watcher_user_may_list_stored_subjects_and_dead_letter(auth_na
         assert found.get(subject) == 1
         letter = await bus.dead_letter(subject, {"name": "aw"}, reason="too-deep", error="deep", name="aw")
         assert letter.stream == subjects.DEAD_LETTER_STREAM
+
+
+async def test_a_pod_whose_appwrapper_never_shows_up_is_held_then_given_up_unpublished(
+    watcher: tuple[service.Watcher, Script], bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "HOLD_LIMIT", 1.0)
+    w, script = watcher
+    ns = f"ns-{uid()}"
+    before = metric("respawn_watcher_pods_unattributed_total", reason="unresolved")
+    script.add(AW_REF, WatchEvent("SYNCED", {}))
+    script.add(POD_REF, WatchEvent("ADDED", pod(ns, "unknown", "waiting")), WatchEvent("SYNCED", {}))
+    await until("the pod held", lambda: "uid-waiting" in w.held)
+    await until(
+        "the pod given up",
+        lambda: metric("respawn_watcher_pods_unattributed_total", reason="unresolved"),
+        done=lambda now: now > before,
+    )
+    assert "uid-waiting" not in w.held
+    assert await last(bus, subjects.appwrapper_obs(ns, "unknown", "pod", "waiting")) is None
+    # Its AppWrapper showing up later, the pod's next change is published.
+    script.add(AW_REF, WatchEvent("ADDED", appwrapper(ns, "unknown")))
+    script.add(POD_REF, WatchEvent("MODIFIED", pod(ns, "unknown", "waiting", reason="again")))
+    seen = await until(
+        "the pod published", lambda: last(bus, subjects.appwrapper_obs(ns, "unknown", "pod", "waiting"))
+    )
+    assert decode(PodObservation, seen.data).ref.uid == "uid-waiting"

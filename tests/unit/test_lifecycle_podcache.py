@@ -105,15 +105,25 @@ def test_a_relist_after_the_watch_expired_keeps_answering_and_drops_what_vanishe
     assert cache.pods("team", "a") == (ObservedPod(name="a-0", phase="Succeeded", uid="uid-a-0"),)
 
 
+AW_UID = "uid-aw-a"
+# The pods below are components of the AppWrapper themselves: their chain is known without a read.
+OWNED = {
+    "ownerReferences": [
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": "a", "uid": AW_UID, "controller": True}
+    ]
+}
+
+
 class ListingKube:
-    """Stands in for the Kube client: counts pod LISTs and answers them with one pod."""
+    """Stands in for the Kube client: counts pod LISTs and answers them with ``listed``."""
 
     def __init__(self) -> None:
         self.lists: list[str] = []
+        self.listed = [pod("listed", "a", **OWNED), pod("forged", "a")]
 
     async def list(self, ref: ResourceRef, namespace: str | None = None, **query: Any) -> dict[str, Any]:
         self.lists.append(str(query.get("labelSelector")))
-        return {"items": [pod("listed", "a")]}
+        return {"items": self.listed}
 
     async def get(self, ref: ResourceRef, name: str, namespace: str | None = None) -> dict[str, Any]:
         raise AssertionError("only pods are read here")
@@ -135,18 +145,33 @@ async def test_the_reader_answers_from_the_cache_and_lists_only_where_it_cannot(
     kube = ListingKube()
     cache = PodCache()
     reader = reader_with(cache, kube)
-    # Not synced yet: a LIST.
-    assert [p.name for p in await reader.observe_pods("team", "a") or ()] == ["listed"]
+    # Not synced yet: a LIST (and of what it lists, only the AppWrapper's own pod counts).
+    assert [p.name for p in await reader.observe_pods("team", "a", AW_UID) or ()] == ["listed"]
     assert kube.lists == [f"{APPWRAPPER_LABEL}=a"]
-    cache.apply(WatchEvent("ADDED", pod("a-0", "a")))
+    cache.apply(WatchEvent("ADDED", pod("a-0", "a", **OWNED)))
     cache.apply(WatchEvent("SYNCED", {}))
     # Synced and holding pods: no request at all.
-    assert [p.name for p in await reader.observe_pods("team", "a") or ()] == ["a-0"]
+    assert [p.name for p in await reader.observe_pods("team", "a", AW_UID) or ()] == ["a-0"]
     assert len(kube.lists) == 1
     # "None left" is for the API server to say.
-    cache.apply(WatchEvent("DELETED", pod("a-0", "a")))
-    assert [p.name for p in await reader.observe_pods("team", "a") or ()] == ["listed"]
+    cache.apply(WatchEvent("DELETED", pod("a-0", "a", **OWNED)))
+    assert [p.name for p in await reader.observe_pods("team", "a", AW_UID) or ()] == ["listed"]
     assert len(kube.lists) == 2
+
+
+async def test_pods_whose_chain_does_not_lead_to_the_appwrapper_are_never_counted() -> None:
+    kube = ListingKube()
+    cache = PodCache()
+    reader = reader_with(cache, kube)
+    cache.apply(WatchEvent("ADDED", pod("forged", "a")))
+    cache.apply(WatchEvent("SYNCED", {}))
+    # The cache holds only a pod with the label and no owner: that is not "a pod is left" (it
+    # would hold up every deletion), nor is it "none left": the LIST says, and only its own
+    # pod counts.
+    assert [p.name for p in await reader.observe_pods("team", "a", AW_UID) or ()] == ["listed"]
+    assert len(kube.lists) == 1
+    # A pod of another incarnation of the AppWrapper (same name, another uid) does not count either.
+    assert await reader.observe_pods("team", "a", "uid-of-a-newer-a") == ()
 
 
 def test_a_malformed_pod_is_skipped_and_the_cache_goes_on() -> None:
