@@ -1,78 +1,37 @@
-"""The watcher's handling of one object when publishing fails: what clears by itself is retried,
-what never will is dead-lettered with the object's identity, and the next object goes on.
-(The same against a real nats-server: tests/integration/test_watcher_isolation.py.)"""
+"""The watcher's bookkeeping for a stream at its limit, with no servers: which objects lost their
+latest observation, and when a watch is asked to list again. Publishing again what was
+discarded, against real servers: tests/integration/test_watcher_isolation.py."""
 
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 from typing import Any
 
-import pytest
-from prometheus_client import REGISTRY
-
-from services.watcher import service, translate
-from shared.bus import Published
-from shared.config import NatsConfig, OperatorConfig
-from shared.messages import AppWrapperObservation, Message
+from services.watcher import service
+from shared.config import OperatorConfig
 from shared.runtime import Runtime
 
-AW = AppWrapperObservation.KIND
+
+class Unused:
+    """The bus or the Kubernetes client of a watcher whose test never reaches them: any use of
+    one fails the test, so nothing here stands in for a server."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"this test's watcher must not use its {self.what} (it used .{name})")
 
 
-def metric(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-class FakeBus:
-    """Fails the publishes of the names in ``failures`` with their exception, once each."""
-
-    def __init__(self, failures: dict[str, BaseException]) -> None:
-        self.failures = failures
-        self.published: list[tuple[str, Message, float | None]] = []
-        self.ids: list[str | None] = []
-        self.dead: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
-
-    async def publish(
-        self, subject: str, message: Message, *, msg_id: str | None, ttl: float | None = None
-    ) -> Published:
-        name = message.ref.name  # type: ignore[attr-defined]  # every message here has a ref
-        failure = self.failures.pop(name, None)
-        if failure is not None:
-            raise failure
-        self.published.append((subject, message, ttl))
-        self.ids.append(msg_id)
-        return Published(stream="RESPAWN_OBSERVATIONS", seq=len(self.published), duplicate=False)
-
-    async def dead_letter(self, subject: str, payload: dict[str, Any], **kw: Any) -> None:
-        self.dead.append((subject, payload, kw))
-
-
-def watcher(bus: FakeBus) -> service.Watcher:
-    config = OperatorConfig(nats=NatsConfig(tombstoneTTL=timedelta(minutes=5)))
-    rt = Runtime(name="watcher", config=config, bus=bus, kube=object(), probes=None)  # type: ignore[arg-type]
+def watcher() -> service.Watcher:
+    rt = Runtime(
+        name="watcher",
+        config=OperatorConfig(),
+        bus=Unused("bus"),  # type: ignore[arg-type]
+        kube=Unused("Kubernetes client"),  # type: ignore[arg-type]
+        probes=None,
+    )
     return service.Watcher(rt)
-
-
-def appwrapper(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta2",
-        "kind": "AppWrapper",
-        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "resourceVersion": "3"},
-    }
-
-
-async def handle(w: service.Watcher, name: str, *, deleted: bool = False) -> None:
-    await w.handle(appwrapper(name), translate.appwrapper_observation, AW, deleted=deleted)
-
-
-@pytest.fixture(autouse=True)
-def no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The retry delay is the backoff's business; here only that a retry happens matters.
-    monkeypatch.setattr(service.Backoff, "next", lambda self: 0.0)
-
-
-# ------------------------------------------------------------------ the stream at its limit
 
 
 def test_an_observation_below_the_first_sequence_or_past_the_last_is_discarded() -> None:
@@ -83,32 +42,8 @@ def test_an_observation_below_the_first_sequence_or_past_the_last_is_discarded()
     assert service.discarded(["b", "c"], seqs, first=16, last=15) == {"b": 10, "c": 12}
 
 
-async def test_a_discarded_observation_is_published_again_unchanged_with_an_id_of_its_own() -> None:
-    bus = FakeBus({})
-    w = watcher(bus)
-    await handle(w, "a")
-    await handle(w, "b")
-    subject_a = bus.published[0][0]
-    w.live["appwrappers"] = {subject_a, bus.published[1][0]}
-    w.relists["appwrappers"] = relist = asyncio.Event()
-    before = metric("respawn_watcher_observations_restored_total", kind=AW)
-
-    # The stream now starts at 2: a's observation (sequence 1) is gone, b's is stored.
-    assert w.restore_discarded(first=2, last=2, now=0.0) == 1
-    assert relist.is_set() and w.publisher.restore == {subject_a: 1}
-
-    await handle(w, "b")  # unchanged and stored: skipped as always
-    await handle(w, "a")  # unchanged but discarded: published again
-    assert [m.ref.name for _, m, _ in bus.published] == ["a", "b", "a"]  # type: ignore[attr-defined]
-    assert bus.ids[2] == f"{bus.ids[0]}:restored:1"
-    assert w.publisher.restore == {} and w.publisher.seqs[subject_a] == 3
-    assert metric("respawn_watcher_observations_restored_total", kind=AW) == before + 1
-    await handle(w, "a")  # and from then on skipped again while unchanged
-    assert len(bus.published) == 3
-
-
 def test_a_watch_lists_again_at_most_once_per_gap_which_grows_while_objects_keep_being_discarded() -> None:
-    w = watcher(FakeBus({}))
+    w = watcher()
     period = w.check_period
     w.live["pods"] = {"p1", "p2"}
     w.publisher.seqs.update({"p1": 1, "p2": 2})
@@ -139,7 +74,7 @@ def test_a_watch_lists_again_at_most_once_per_gap_which_grows_while_objects_keep
 
 
 def test_a_watch_is_not_asked_again_while_its_list_is_under_way() -> None:
-    w = watcher(FakeBus({}))
+    w = watcher()
     w.live["pods"] = {"p1"}
     w.publisher.seqs["p1"] = 1
     w.relists["pods"] = relist = asyncio.Event()
