@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from collections import OrderedDict
@@ -111,6 +112,9 @@ RESOLVE_PERIOD = 0.5
 _LOGGED_CAPACITY = 10_000
 
 Translator = Callable[..., Message | None]
+
+# Reason of the Warning Event on an object the watcher cannot observe (docs/messages.md).
+OBSERVATION_REFUSED_EVENT = "ObservationRefused"
 
 # What else a publish can fail with that clears by itself: the bus gave up retrying after its
 # own 30 s (a NATS outage), or lost a stream it could not create again yet.
@@ -539,6 +543,48 @@ class Watcher:
             raise
         except Exception as exc:  # counted and logged above; the watch must go on regardless
             log.error("cannot dead-letter %s/%s either: %r", who.namespace, who.name, exc)
+        await self.tell_owner(refused)
+
+    async def tell_owner(self, refused: translate.Refused) -> None:
+        """A Warning Event on the object that is not observed, so its owner learns that Respawn
+        does not see it (kubectl describe), not only the operator (dead letter, metric, log).
+        Named after the version and the reason: the next re-list of the same version, or another
+        replica, tells nothing new (409). Best effort: the watch goes on whatever happens."""
+        who = refused.identity
+        if not (who.kind and who.api_version and who.namespace and who.name and who.uid):
+            return  # not even who it is: the dead letter and the log are all there is
+        digest = hashlib.sha256(f"{who.uid}:{who.resource_version}:{refused.reason}".encode()).hexdigest()
+        involved = {
+            "apiVersion": who.api_version,
+            "kind": who.kind,
+            "metadata": {
+                "name": who.name,
+                "namespace": who.namespace,
+                "uid": who.uid,
+                "resourceVersion": who.resource_version,
+            },
+        }
+        message = (
+            f"Respawn does not observe this {who.kind} ({refused.reason}: {refused.error}); "
+            "its faults are not detected until it changes into something Respawn can read"
+        )
+        try:
+            await self.kube.create_event(
+                involved,
+                type_="Warning",
+                reason=OBSERVATION_REFUSED_EVENT,
+                message=message,
+                component="respawn-watcher",
+                now_iso=now().strftime("%Y-%m-%dT%H:%M:%SZ"),
+                name=f"{who.name[:200]}.respawn-refused.{digest[:12]}",
+            )
+        except asyncio.CancelledError:
+            raise
+        except KubeApiError as exc:
+            if not exc.already_exists:
+                log.warning("cannot tell %s/%s's owner with an Event: %s", who.namespace, who.name, exc)
+        except Exception as exc:
+            log.warning("cannot tell %s/%s's owner with an Event: %r", who.namespace, who.name, exc)
 
     async def reconcile(self, name: str, ref: ResourceRef, observation_kind: str, live: set[str]) -> None:
         """Publish a tombstone for every object whose latest observation is stored but that the

@@ -359,6 +359,7 @@ class Identity:
     name: str
     uid: str
     resource_version: str
+    api_version: str = ""
 
     def summary(self, reason: str, error: str) -> dict[str, str]:
         """What a dead letter keeps of the object: who it is and what went wrong, never the object
@@ -376,12 +377,14 @@ class Identity:
 
 def identity(obj: Any) -> Identity:
     kind = obj.get("kind") if isinstance(obj, Mapping) else None
+    api_version = obj.get("apiVersion") if isinstance(obj, Mapping) else None
     return Identity(
         kind=kind if isinstance(kind, str) else "",
         namespace=str_at(obj, "metadata", "namespace"),
         name=str_at(obj, "metadata", "name"),
         uid=str_at(obj, "metadata", "uid"),
         resource_version=str_at(obj, "metadata", "resourceVersion"),
+        api_version=api_version if isinstance(api_version, str) else "",
     )
 
 

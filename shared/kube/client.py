@@ -544,14 +544,18 @@ class Kube:
         message: str,
         component: str,
         now_iso: str,
+        name: str | None = None,
     ) -> None:
-        """A core/v1 Event on ``involved`` (best effort is the caller's decision)."""
+        """A core/v1 Event on ``involved`` (best effort is the caller's decision). With ``name``
+        it is created under that name, so telling the same thing twice is a 409 (AlreadyExists)
+        instead of a second Event; without, under a generated one."""
         meta = involved["metadata"]
         namespace = meta.get("namespace") or "default"
+        named = {"name": name} if name else {"generateName": f"{meta['name']}."}
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
+            "metadata": {**named, "namespace": namespace},
             "involvedObject": {
                 "apiVersion": involved.get("apiVersion", ""),
                 "kind": involved.get("kind", ""),

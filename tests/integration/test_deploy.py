@@ -622,6 +622,8 @@ def test_watcher_may_read_what_it_watches_and_nothing_else(
             assert can_i(kc, verb, resource), f"watcher cannot {verb} {resource}"
     for resource in ("pods", "replicasets.apps", "statefulsets.apps", "jobs.batch", "rayclusters.ray.io"):
         assert can_i(kc, "get", resource), f"watcher cannot get {resource} (owner chains)"
+    # Its one write: a Warning Event on an object it cannot observe, for the object's owner.
+    assert can_i(kc, "create", "events"), "watcher cannot create events"
     for verb, resource in [
         ("create", APPWRAPPERS),
         ("update", APPWRAPPERS),
@@ -631,7 +633,8 @@ def test_watcher_may_read_what_it_watches_and_nothing_else(
         ("delete", "pods"),
         ("create", "jobs.batch"),
         ("delete", "jobs.batch"),
-        ("create", "events"),
+        ("update", "events"),
+        ("delete", "events"),
         ("patch", "nodes"),
         ("get", "secrets"),
         ("list", "secrets"),

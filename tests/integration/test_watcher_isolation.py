@@ -157,6 +157,14 @@ async def create(kubeconfig: Path, namespace: str, text: str) -> tuple[str, str]
     return created_uid, resource_version
 
 
+def refused_events(kubeconfig: Path, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The ObservationRefused Events on the AppWrapper ``name``."""
+    selector = f"involvedObject.name={name},reason={service.OBSERVATION_REFUSED_EVENT}"
+    out = kubectl(kubeconfig, "get", "events", "-n", namespace, "--field-selector", selector, "-o", "json")
+    items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
+    return items
+
+
 def aw_subject(namespace: str, name: str) -> str:
     return subjects.appwrapper_obs(namespace, name, "appwrapper", name)
 
@@ -335,6 +343,12 @@ async def test_an_object_the_server_refuses_is_dead_lettered_with_its_identity_a
     assert await last(own_bus, aw_subject(namespace, "huge")) is None
     [letter] = await dead_letters(own_bus, 1)
     assert_dead_letter(letter, aw_subject(namespace, "huge"), "huge", huge, "too-large")
+    # Its owner is told, on the object itself, once: a re-list refuses the same version again.
+    told = await until("the owner told", lambda: refused_events(kc, namespace, "huge"))
+    assert "too-large" in told[0]["message"] and told[0]["involvedObject"]["uid"] == huge[0]
+    async with running(own_bus, kube, namespace) as w:
+        await list_again(w, "appwrappers")
+    assert len(refused_events(kc, namespace, "huge")) == 1
     assert (
         metric("respawn_watcher_objects_failed_total", kind=AppWrapperObservation.KIND, reason="too-large")
         == before + 1
