@@ -138,7 +138,9 @@ def test_a_body_nested_too_deep_outside_the_templates_is_refused_with_its_identi
     assert isinstance(prepared, translate.Refused)
     assert prepared.reason == translate.TOO_DEEP
     assert prepared.subject == subjects.appwrapper_obs("ns", "aw", "appwrapper", "aw")
-    assert prepared.identity == translate.Identity("AppWrapper", "ns", "aw", "u1", "7", "workload.codeflare.dev/v1beta2")
+    assert prepared.identity == translate.Identity(
+        "AppWrapper", "ns", "aw", "u1", "7", "workload.codeflare.dev/v1beta2"
+    )
     summary = prepared.identity.summary(prepared.reason, prepared.error)
     assert summary["name"] == "aw" and summary["reason"] == "too-deep"
 
