@@ -343,16 +343,16 @@ async def test_an_object_the_server_refuses_is_dead_lettered_with_its_identity_a
     assert await last(own_bus, aw_subject(namespace, "huge")) is None
     [letter] = await dead_letters(own_bus, 1)
     assert_dead_letter(letter, aw_subject(namespace, "huge"), "huge", huge, "too-large")
+    assert (
+        metric("respawn_watcher_objects_failed_total", kind=AppWrapperObservation.KIND, reason="too-large")
+        == before + 1
+    )
     # Its owner is told, on the object itself, once: a re-list refuses the same version again.
     told = await until("the owner told", lambda: refused_events(kc, namespace, "huge"))
     assert "too-large" in told[0]["message"] and told[0]["involvedObject"]["uid"] == huge[0]
     async with running(own_bus, kube, namespace) as w:
         await list_again(w, "appwrappers")
     assert len(refused_events(kc, namespace, "huge")) == 1
-    assert (
-        metric("respawn_watcher_objects_failed_total", kind=AppWrapperObservation.KIND, reason="too-large")
-        == before + 1
-    )
 
 
 class BugOnPublish:
