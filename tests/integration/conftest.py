@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -33,23 +34,28 @@ def appwrapper_crd(testbed: Endpoints) -> Path:
     return testbed.kubeconfig
 
 
-@pytest.fixture
-def service(testbed: Endpoints, tmp_path: Path) -> Iterator[ServiceFactory]:
-    """Start Respawn services as separate processes; all are stopped after the test."""
+@contextlib.contextmanager
+def services_on(kubeconfig: Path, nats_url: str, log_dir: Path) -> Iterator[ServiceFactory]:
+    """``start(name, *, instance="", env=None)`` for Respawn services as separate processes
+    against ``kubeconfig`` and ``nats_url``; every one started is stopped at the end."""
     started: list[ServiceProcess] = []
 
     def start(name: str, *, instance: str = "", env: dict[str, str] | None = None) -> ServiceProcess:
         sp = spawn_service(
-            name,
-            kubeconfig=testbed.kubeconfig,
-            nats_url=testbed.nats_url,
-            log_dir=tmp_path / "logs",
-            instance=instance,
-            env=env,
+            name, kubeconfig=kubeconfig, nats_url=nats_url, log_dir=log_dir, instance=instance, env=env
         )
         started.append(sp)
         return sp
 
-    yield start
-    for sp in started:
-        sp.stop()
+    try:
+        yield start
+    finally:
+        for sp in started:
+            sp.stop()
+
+
+@pytest.fixture
+def service(testbed: Endpoints, tmp_path: Path) -> Iterator[ServiceFactory]:
+    """Start Respawn services as separate processes; all are stopped after the test."""
+    with services_on(testbed.kubeconfig, testbed.nats_url, tmp_path / "logs") as start:
+        yield start

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -34,23 +33,12 @@ from shared.bus import MSG_ID_HEADER, Bus
 from shared.config import AutopilotConfig, OperatorConfig, ResourceTaint
 from shared.messages import NodeObservation, NodeVerdict, decode
 from shared.runtime import Runtime
+from tests.autopilot_taints import GPU, HEALTH, NOW, RDMA, TAINTS
 from tests.nats_fixtures import connected_bus
 from tests.waiting import until
 
 pytestmark = pytest.mark.nats
 
-GPU = "nvidia.com/gpu"
-RDMA = "rdma/ib"
-HEALTH = "autopilot.ibm.com/gpuhealth"
-NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
-TAINTS: dict[str, list[ResourceTaint]] = {
-    GPU: [
-        ResourceTaint(key=HEALTH, value="WARN", effect="PreferNoSchedule"),
-        ResourceTaint(key=HEALTH, value="TESTING", effect="NoSchedule"),
-        ResourceTaint(key=HEALTH, value="ERR", effect="NoSchedule"),
-        ResourceTaint(key=HEALTH, value="EVICT", effect="NoExecute"),
-    ]
-}
 RDMA_TAINTS = {RDMA: [ResourceTaint(key="rdma-health", value="BAD", effect="NoExecute")]}
 
 

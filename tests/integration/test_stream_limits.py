@@ -24,11 +24,12 @@ from respawn.testbed import manifests, sim
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
 from respawn.testbed.nats import NatsServer
-from respawn.testbed.services import ServiceProcess, spawn_service
+from respawn.testbed.services import ServiceProcess
 from shared import subjects
 from shared.appwrapper.model import read_appwrapper
 from shared.bus import MSG_ID_HEADER
 from shared.messages import LifecycleEvent, Verdict
+from tests.integration.conftest import services_on
 from tests.integration.objects import FAST_RESET, apply, get_appwrapper, jobs, running_pods, wait_phase
 from tests.integration.observe import Observer
 from tests.waiting import until
@@ -61,24 +62,13 @@ def limits(max_msgs: int) -> dict[str, str]:
 @pytest.fixture
 def services(testbed: Endpoints, own_nats: NatsServer, tmp_path: Path) -> Iterator[dict[str, Any]]:
     """Start services on ``own_nats`` with small stream limits: ``start(name, instance)``."""
-    started: list[ServiceProcess] = []
     env = limits(observations_limit(testbed.kubeconfig))
+    with services_on(testbed.kubeconfig, own_nats.url, tmp_path / "logs") as start_service:
 
-    def start(name: str, instance: str = "") -> ServiceProcess:
-        sp = spawn_service(
-            name,
-            kubeconfig=testbed.kubeconfig,
-            nats_url=own_nats.url,
-            log_dir=tmp_path / "logs",
-            instance=instance,
-            env=env,
-        )
-        started.append(sp)
-        return sp
+        def start(name: str, instance: str = "") -> ServiceProcess:
+            return start_service(name, instance=instance, env=env)
 
-    yield {"start": start, "max_msgs": int(env["RESPAWN_NATS_STREAMS_OBSERVATIONS_MAX_MSGS"])}
-    for sp in started:
-        sp.stop()
+        yield {"start": start, "max_msgs": int(env["RESPAWN_NATS_STREAMS_OBSERVATIONS_MAX_MSGS"])}
 
 
 async def fill(js: Any, count: int, start: int) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,20 +10,7 @@ from hypothesis import strategies as st
 from services.autopilot.nodes import NodeHealthState, ResourceNodes, apply, from_verdict, rebuild, verdicts
 from shared.config import ResourceTaint
 from shared.messages import NodeObservation
-
-GPU = "nvidia.com/gpu"
-RDMA = "rdma/ib"
-HEALTH = "autopilot.ibm.com/gpuhealth"
-NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
-
-TAINTS: dict[str, list[ResourceTaint]] = {
-    GPU: [
-        ResourceTaint(key=HEALTH, value="WARN", effect="PreferNoSchedule"),
-        ResourceTaint(key=HEALTH, value="TESTING", effect="NoSchedule"),
-        ResourceTaint(key=HEALTH, value="ERR", effect="NoSchedule"),
-        ResourceTaint(key=HEALTH, value="EVICT", effect="NoExecute"),
-    ]
-}
+from tests.autopilot_taints import GPU, HEALTH, NOW, RDMA, TAINTS
 
 
 def node(name: str, labels: Mapping[str, str] | None = None, *, deleted: bool = False) -> NodeObservation:
