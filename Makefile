@@ -33,7 +33,7 @@ integration: venv binaries
 	$(BIN)/pytest tests/integration -q
 
 test: venv binaries lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 demo: venv binaries
 	$(BIN)/respawn demo

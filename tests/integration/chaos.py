@@ -163,8 +163,8 @@ class Plan:
     pods: int = 2
     # A pod completes this long after it starts; faults go only into pods younger than
     # ``fault_window`` so an injected failure never races the pod's own completion.
-    succeed_after: int = 20
-    fault_window: float = 12.0
+    succeed_after: int = 16
+    fault_window: float = 10.0
     rng: random.Random = field(default_factory=lambda: random.Random(1))
 
     @property

@@ -118,6 +118,14 @@ async def test_bad_appwrappers_run_or_are_reported_and_a_normal_one_beside_them_
     assert read_appwrapper(done).resetting_count == 1
     # And nothing the bad ones did stopped a service.
     assert [sp.name for sp in services if not sp.alive()] == []
+    # They all go, too: deletion handles them as any other (and leaves no finalizer behind).
+    kubectl(kc, "delete", "appwrappers", "--all", "-n", namespace, "--wait=false")
+    await until(
+        "every AppWrapper deleted",
+        lambda: kubectl(kc, "get", "appwrappers", "-n", namespace, "-o", "name").stdout.strip(),
+        done=lambda left: left == "",
+        within=90,
+    )
 
 
 def _outcome(kc: Path, namespace: str, name: str) -> str:

@@ -351,7 +351,9 @@ async def test_another_teams_object_of_the_same_name_survives_the_appwrapper_and
         aw = sim.get_json(kc, "appwrapper", "clash", "-n", namespace)
         return aw if condition(aw, "QuotaReserved").get("status") == "False" else None
 
-    failed = await until("the AppWrapper Failed and released", released, within=30)
+    # Only lifecycle runs here: no observation wakes it, its resync does (every 30 s), and the
+    # release comes a pass after the failure.
+    failed = await until("the AppWrapper Failed and released", released, within=75)
     assert failed is not None and failed["status"]["phase"] == "Failed"
     unhealthy = condition(failed, "Unhealthy")
     assert (unhealthy["status"], unhealthy["reason"]) == ("True", "CreateFailed")
