@@ -344,16 +344,15 @@ async def test_another_teams_object_of_the_same_name_survives_the_appwrapper_and
     kc = testbed.kubeconfig
     apply(kc, namespace, foreign_job("clash-job"))
     [theirs] = jobs(kc, namespace)
-    service("lifecycle")
+    # Only lifecycle runs here: no observation wakes it, its resync does (made short).
+    service("lifecycle", env={"RESPAWN_LIFECYCLE_RESYNC_PERIOD": "2s"})
     apply(kc, namespace, manifests.job_appwrapper("clash", annotations=FAST))
 
     def released() -> dict[str, Any] | None:
         aw = sim.get_json(kc, "appwrapper", "clash", "-n", namespace)
         return aw if condition(aw, "QuotaReserved").get("status") == "False" else None
 
-    # Only lifecycle runs here: no observation wakes it, its resync does (every 30 s), and the
-    # release comes a pass after the failure.
-    failed = await until("the AppWrapper Failed and released", released, within=75)
+    failed = await until("the AppWrapper Failed and released", released, within=30)
     assert failed is not None and failed["status"]["phase"] == "Failed"
     unhealthy = condition(failed, "Unhealthy")
     assert (unhealthy["status"], unhealthy["reason"]) == ("True", "CreateFailed")
