@@ -284,8 +284,8 @@ async def test_a_kill_after_the_announcements_before_their_record_sends_no_secon
         assert [e["reason"] for e in await events(kube, namespace, "twice")] == ["Suspended"]
 
     # The real service takes over from here: admitted, it runs, and every transition is
-    # announced once.
-    service("lifecycle")
+    # announced once. Alone, it is woken by its resync (made short), not by observations.
+    service("lifecycle", env={"RESPAWN_LIFECYCLE_RESYNC_PERIOD": "2s"})
     kubectl(
         kc,
         "patch",
