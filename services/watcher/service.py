@@ -402,7 +402,7 @@ class Watcher:
             if found.outcome is Outcome.FOREIGN and not self.published(pod):
                 self.count_unattributed(pod, found.reason or Reason.FOREIGN_OWNER)
                 return
-            await self.handle(pod, translate.pod_observation, PodObservation.KIND, deleted=True)
+            await self.publish_pod(pod, deleted=True)
             return
         if found.outcome is Outcome.PENDING:
             held = self.held.get(uid)
@@ -410,11 +410,19 @@ class Watcher:
             HELD.set(len(self.held))
             self.wake.set()
             return
+        await self.settle(uid, pod, found)
+
+    async def settle(self, uid: str, pod: dict[str, Any], found: Attribution) -> None:
+        """A pod whose chain is resolved: no longer held; published if it is the AppWrapper's,
+        disowned if not."""
         self.release(uid)
         if found.owned:
-            await self.handle(pod, translate.pod_observation, PodObservation.KIND, deleted=False)
+            await self.publish_pod(pod, deleted=False)
         else:
             await self.disown(pod, found.reason or Reason.FOREIGN_OWNER)
+
+    async def publish_pod(self, pod: dict[str, Any], *, deleted: bool) -> None:
+        await self.handle(pod, translate.pod_observation, PodObservation.KIND, deleted=deleted)
 
     def release(self, uid: str) -> None:
         if self.held.pop(uid, None) is not None:
@@ -443,7 +451,7 @@ class Watcher:
         last state with a tombstone, so that it no longer counts for the AppWrapper."""
         self.count_unattributed(pod, reason)
         if self.published(pod):
-            await self.handle(pod, translate.pod_observation, PodObservation.KIND, deleted=True)
+            await self.publish_pod(pod, deleted=True)
 
     async def resolve_held(self) -> None:
         """Look at the held pods again whenever something they may wait for arrives (an
@@ -469,11 +477,7 @@ class Watcher:
         pod = held.obj
         found = self.attribute(pod)
         if found.outcome is not Outcome.PENDING:
-            self.release(uid)
-            if found.owned:
-                await self.handle(pod, translate.pod_observation, PodObservation.KIND, deleted=False)
-            else:
-                await self.disown(pod, found.reason or Reason.FOREIGN_OWNER)
+            await self.settle(uid, pod, found)
             return
         now_ = time.monotonic()
         if self.synced_at is not None and now_ - max(held.since, self.synced_at) >= HOLD_LIMIT:

@@ -197,7 +197,7 @@ def submit(kubeconfig: Path, p: Plan) -> None:
         apply(kubeconfig, p.namespace, aw)
 
 
-def _items(kubeconfig: Path, kind: str, namespace: str) -> list[dict[str, Any]]:
+def items(kubeconfig: Path, kind: str, namespace: str) -> list[dict[str, Any]]:
     """``kubectl get`` of a list; [] while the API server does not answer (it may be restarting)."""
     proc = kubectl(kubeconfig, "get", kind, "-n", namespace, "-o", "json", check=False)
     if proc.returncode != 0:
@@ -244,7 +244,7 @@ def healthy_targets(p: Plan, appwrappers: list[dict[str, Any]], pods: list[dict[
 def inject_round(kubeconfig: Path, p: Plan) -> int:
     """Fail one pod in each workload that has faults left and is healthy now; returns how many."""
     targets = healthy_targets(
-        p, _items(kubeconfig, "appwrappers", p.namespace), _items(kubeconfig, "pods", p.namespace)
+        p, items(kubeconfig, "appwrappers", p.namespace), items(kubeconfig, "pods", p.namespace)
     )
     done = 0
     for w in p.workloads:
@@ -277,7 +277,7 @@ class Outcome:
 
 def outcomes(kubeconfig: Path, p: Plan) -> list[Outcome]:
     by_name = {
-        aw["metadata"]["name"]: read_appwrapper(aw) for aw in _items(kubeconfig, "appwrappers", p.namespace)
+        aw["metadata"]["name"]: read_appwrapper(aw) for aw in items(kubeconfig, "appwrappers", p.namespace)
     }
     out = []
     for w in p.workloads:

@@ -137,7 +137,7 @@ async def delete_and_check_nothing_left(kubeconfig: Path, namespace: str) -> Non
 
     def left() -> dict[str, int]:
         return {
-            kind: len(chaos._items(kubeconfig, kind, namespace)) for kind in ("appwrappers", "jobs", "pods")
+            kind: len(chaos.items(kubeconfig, kind, namespace)) for kind in ("appwrappers", "jobs", "pods")
         }
 
     await until(
