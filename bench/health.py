@@ -188,7 +188,7 @@ async def latency(state_dir: Path, appwrappers: int, pods: int, samples: int) ->
         if v.state == "Unhealthy" and v.ref.name not in received:
             received[v.ref.name] = time.perf_counter()
 
-    await nc.subscribe(f"{subjects.VERDICT_PREFIX}.{subjects.token(ns)}.*", cb=on_verdict)
+    await nc.subscribe(subjects.verdict_filter(ns), cb=on_verdict)
     by_aw: dict[str, dict[str, Any]] = {}
     for p in (await kube.list(pod_ref, ns))["items"]:
         by_aw.setdefault(p["metadata"]["labels"].get(APPWRAPPER_LABEL, ""), p)

@@ -371,4 +371,4 @@ async def subscribe_verdicts(nc: Any, namespace: str, tracker: Tracker) -> None:
         with contextlib.suppress(Exception):  # not a verdict this benchmark can read
             tracker.on_verdict(decode(Verdict, msg.data), now)
 
-    await nc.subscribe(f"{subjects.VERDICT_PREFIX}.{subjects.token(namespace)}.*", cb=on_verdict)
+    await nc.subscribe(subjects.verdict_filter(namespace), cb=on_verdict)

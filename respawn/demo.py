@@ -182,7 +182,7 @@ async def _follow_streams(nats_url: str, board: Board) -> None:
         if e.ref.namespace == NS:
             board.events.setdefault(e.ref.name, []).append((time.monotonic(), e))
 
-    await js.subscribe(f"{subjects.VERDICT_PREFIX}.{NS}.*", cb=on_verdict, ordered_consumer=True)
+    await js.subscribe(subjects.verdict_filter(NS), cb=on_verdict, ordered_consumer=True)
     await js.subscribe(f"{subjects.LIFECYCLE_PREFIX}.{NS}.*", cb=on_event, ordered_consumer=True)
     try:
         await asyncio.Event().wait()

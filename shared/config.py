@@ -433,12 +433,35 @@ class NatsConfig(_Section):
         return value
 
 
+class ScalingConfig(_Section):
+    """How the replicas of a service split the work (docs/scaling.md)."""
+
+    # How many partitions the AppWrappers are split into, by a hash of namespace/name. The most
+    # replicas of one service that can share work; the same in every process of an installation
+    # (it is in the subjects), so change it only with every service stopped.
+    partitions: int = Field(default=16, ge=1, le=1024)
+    # How often a replica says it is alive (a NATS KV put).
+    heartbeat: Duration = timedelta(seconds=1)
+    # A replica not heard from for this long is taken for dead and its partitions move to the
+    # others: the longest a dead replica's AppWrappers go unwatched.
+    member_ttl: Duration = timedelta(seconds=5)
+
+    @model_validator(mode="after")
+    def _ttl_outlasts_heartbeats(self) -> ScalingConfig:
+        if self.heartbeat <= timedelta(0):
+            raise ValueError("heartbeat must be positive")
+        if self.member_ttl < 2 * self.heartbeat:
+            raise ValueError("memberTtl must be at least two heartbeats, or a live replica looks dead")
+        return self
+
+
 class OperatorConfig(_Section):
     fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
     autopilot: AutopilotConfig = Field(default_factory=AutopilotConfig)
     node_exclusion: NodeExclusionConfig = Field(default_factory=NodeExclusionConfig)
     lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
     watcher: WatcherConfig = Field(default_factory=WatcherConfig)
+    scaling: ScalingConfig = Field(default_factory=ScalingConfig)
     # Kueue local queue put on AppWrappers that name none; empty leaves them alone.
     default_queue_name: str = ""
     nats: NatsConfig = Field(default_factory=NatsConfig)

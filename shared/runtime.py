@@ -63,6 +63,9 @@ async def run(name: str, main: Main, *, needs_kube: bool = True) -> int:
     except ConfigError as exc:
         log.error("invalid configuration: %s", exc)
         return 2
+    from shared import subjects
+
+    subjects.set_partitions(config.scaling.partitions)
     try:
         bus = await Bus.connect(
             nats_url(config),

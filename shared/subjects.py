@@ -7,7 +7,33 @@ name is escaped with :func:`token` before it becomes part of a subject.
 
 from __future__ import annotations
 
+from shared.partitions import partition_of
+
 SUBJECT_VERSION = "v1"
+
+# How many partitions the AppWrappers are split into (``scaling.partitions``). Every process of
+# one installation must use the same count: the publishers put the partition in the subject and
+# the partition consumers filter on it. Readers that want one AppWrapper use a wildcard for it.
+DEFAULT_PARTITIONS = 16
+_partitions = DEFAULT_PARTITIONS
+
+
+def set_partitions(count: int) -> None:
+    """Use ``count`` partitions in this process (the services call it with their configuration)."""
+    global _partitions
+    if count < 1:
+        raise ValueError(f"partition count must be at least 1, got {count}")
+    _partitions = count
+
+
+def partitions() -> int:
+    return _partitions
+
+
+def partition(namespace: str, appwrapper: str) -> int:
+    """The partition the AppWrapper ``namespace/appwrapper`` belongs to (:mod:`shared.partitions`)."""
+    return partition_of(namespace, appwrapper, _partitions)
+
 
 # Streams (JetStream) and the subjects they capture.
 OBSERVATIONS_STREAM = "RESPAWN_OBSERVATIONS"
@@ -42,19 +68,29 @@ def untoken(tok: str) -> str:
 
 
 def appwrapper_obs(namespace: str, appwrapper: str, kind: str, name: str) -> str:
-    """Subject for the latest state of one object that belongs to an AppWrapper.
+    """Subject for the latest state of one object that belongs to an AppWrapper:
+    ``respawn.obs.v1.aw.<ns>.<aw>.<kind>.<name>.<partition>``.
 
     Everything about one AppWrapper shares the prefix
-    ``respawn.obs.v1.aw.<ns>.<aw>.`` so a consumer can filter on it and see it in order.
+    ``respawn.obs.v1.aw.<ns>.<aw>.`` so a consumer can filter on it and see it in order; the last
+    token is the AppWrapper's partition, so a consumer can filter on one partition.
     ``kind`` is ``appwrapper``, ``pod`` or ``component``.
     """
-    return f"{OBS_PREFIX}.aw.{token(namespace)}.{token(appwrapper)}.{kind}.{token(name)}"
+    return (
+        f"{OBS_PREFIX}.aw.{token(namespace)}.{token(appwrapper)}.{kind}.{token(name)}"
+        f".{partition(namespace, appwrapper)}"
+    )
 
 
 def appwrapper_obs_filter(namespace: str = "*", appwrapper: str = "*") -> str:
     ns = namespace if namespace == "*" else token(namespace)
     aw = appwrapper if appwrapper == "*" else token(appwrapper)
     return f"{OBS_PREFIX}.aw.{ns}.{aw}.>"
+
+
+def appwrapper_obs_partition_filter(part: int) -> str:
+    """Every observation of the AppWrappers in partition ``part``."""
+    return f"{OBS_PREFIX}.aw.*.*.*.*.{part}"
 
 
 def node_obs(node: str) -> str:
@@ -66,11 +102,22 @@ def node_obs_filter() -> str:
 
 
 def verdict(namespace: str, appwrapper: str) -> str:
-    return f"{VERDICT_PREFIX}.{token(namespace)}.{token(appwrapper)}"
+    """``respawn.verdict.<ns>.<aw>.<partition>``."""
+    return f"{VERDICT_PREFIX}.{token(namespace)}.{token(appwrapper)}.{partition(namespace, appwrapper)}"
 
 
-def verdict_filter() -> str:
-    return f"{VERDICT_PREFIX}.>"
+def verdict_filter(namespace: str | None = None, appwrapper: str | None = None) -> str:
+    """Every verdict, a namespace's, or one AppWrapper's (whatever the partition count)."""
+    if namespace is None:
+        return f"{VERDICT_PREFIX}.>"
+    if appwrapper is None:
+        return f"{VERDICT_PREFIX}.{token(namespace)}.*.*"
+    return f"{VERDICT_PREFIX}.{token(namespace)}.{token(appwrapper)}.*"
+
+
+def verdict_partition_filter(part: int) -> str:
+    """Every verdict about the AppWrappers in partition ``part``."""
+    return f"{VERDICT_PREFIX}.*.*.{part}"
 
 
 def node_verdict(resource: str) -> str:

@@ -556,7 +556,7 @@ async def gather(nc: Any, namespace: str, name: str) -> Records:
             "(docs/deploy.md)"
         )
     verdicts_raw, events_raw, obs_raw = await asyncio.gather(
-        _read(nc, subjects.VERDICTS_STREAM, subjects.verdict(namespace, name), present),
+        _read(nc, subjects.VERDICTS_STREAM, subjects.verdict_filter(namespace, name), present),
         _read(nc, subjects.LIFECYCLE_STREAM, subjects.lifecycle_event(namespace, name), present),
         _read(nc, subjects.OBSERVATIONS_STREAM, subjects.appwrapper_obs_filter(namespace, name), present),
     )

@@ -110,6 +110,9 @@ def parse_since(text: str, now: datetime) -> datetime:
 
 def subject_filter(kind: str, namespace: str | None = None, name: str | None = None) -> str:
     """The subject filter of stream ``kind`` for everything, a namespace, or one AppWrapper."""
+    if kind == "verdicts":
+        # Verdict subjects end in the AppWrapper's partition.
+        return subjects.verdict_filter(namespace, name)
     prefix = STREAMS[kind][1]
     if namespace is None:
         return f"{prefix}.>"

@@ -505,7 +505,7 @@ def observed_subject_filter(observation_kind: str) -> str:
         return subjects.node_obs_filter()
     token = next(t for t, kind in _KIND_TOKENS.items() if kind == observation_kind)
     # appwrapper_obs_filter() ends in ">"; the object kind is the token before the name.
-    return subjects.appwrapper_obs_filter().removesuffix(">") + f"{token}.*"
+    return subjects.appwrapper_obs_filter().removesuffix(">") + f"{token}.*.*"
 
 
 def subject_kind(subject: str) -> str:
@@ -513,7 +513,7 @@ def subject_kind(subject: str) -> str:
     tokens = subject.removeprefix(subjects.OBS_PREFIX + ".").split(".")
     if len(tokens) == 2 and tokens[0] == "node":
         return NodeObservation.KIND
-    if len(tokens) == 5 and tokens[0] == "aw":
+    if len(tokens) == 6 and tokens[0] == "aw":
         return _KIND_TOKENS.get(tokens[3], "")
     return ""
 
@@ -539,7 +539,8 @@ def tombstone_for_subject(subject: str, *, now: datetime) -> Message | None:
     tokens = subject.removeprefix(prefix).split(".")
     if len(tokens) == 2 and tokens[0] == "node":
         return NodeObservation(name=subjects.untoken(tokens[1]), deleted=True, observed_at=now)
-    if len(tokens) != 5 or tokens[0] != "aw":
+    # aw.<ns>.<aw>.<kind>.<name>.<partition>
+    if len(tokens) != 6 or tokens[0] != "aw":
         return None
     namespace, aw, kind, name = (
         subjects.untoken(tokens[1]),

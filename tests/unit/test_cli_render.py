@@ -191,7 +191,7 @@ def test_parse_since_takes_a_duration_back_from_now_or_an_rfc3339_time() -> None
 def test_subject_filters_escape_names_and_narrow_to_a_namespace_or_one_appwrapper() -> None:
     assert tail.subject_filter("verdicts") == "respawn.verdict.>"
     assert tail.subject_filter("lifecycle", "team-a") == "respawn.lifecycle.team-a.*"
-    assert tail.subject_filter("verdicts", "team-a", "llama.ft") == "respawn.verdict.team-a.llama%2Eft"
+    assert tail.subject_filter("verdicts", "team-a", "llama.ft") == "respawn.verdict.team-a.llama%2Eft.*"
 
 
 def test_trace_id_comes_from_the_traceparent_header() -> None:

@@ -250,9 +250,19 @@ def test_every_leaf_key_has_an_environment_variable() -> None:
     assert names["RESPAWN_ADMISSION_MAX_TEMPLATE_DEPTH"] == "admission.maxTemplateDepth"
     assert names["RESPAWN_ADMISSION_MAX_TEMPLATE_BYTES"] == "admission.maxTemplateBytes"
     assert names["RESPAWN_WATCHER_DISCARD_CHECK_PERIOD"] == "watcher.discardCheckPeriod"
-    assert len([n for n in names if not n.startswith("RESPAWN_NATS_")]) == 25
+    assert names["RESPAWN_SCALING_MEMBER_TTL"] == "scaling.memberTtl"
+    assert len([n for n in names if not n.startswith("RESPAWN_NATS_")]) == 28
     assert len([n for n in names if n.startswith("RESPAWN_NATS_")]) == 27
     assert len(set(names.values())) == len(names)
+
+
+def test_member_ttl_must_outlast_two_heartbeats() -> None:
+    config = load_config(env={"RESPAWN_SCALING_PARTITIONS": "8", "RESPAWN_SCALING_MEMBER_TTL": "3s"})
+    assert config.scaling.partitions == 8
+    with pytest.raises(ConfigError, match="at least two heartbeats"):
+        load_config(env={"RESPAWN_SCALING_HEARTBEAT": "2s", "RESPAWN_SCALING_MEMBER_TTL": "3s"})
+    with pytest.raises(ConfigError, match="scaling.partitions"):
+        load_config(env={"RESPAWN_SCALING_PARTITIONS": "0"})
 
 
 def test_documentation_lists_every_key_and_variable() -> None:

@@ -1,0 +1,255 @@
+"""Which replicas of a service are alive, and which partitions each one owns.
+
+Each replica puts its own key ``<group>.<member>`` into the NATS KV bucket ``RESPAWN_MEMBERS``
+every ``heartbeat`` and watches the group's keys. A member counts as alive while it has been
+heard from within ``ttl`` (on this replica's own monotonic clock, so clocks need not agree); a
+replica that stops cleanly deletes its key, which the others see at once. Every replica computes
+the same :func:`shared.partitions.assign` from the same members and keeps its own share: there is
+no leader and no vote, and a partition moves only when the set of live members changes.
+
+Failure modes (docs/scaling.md): a replica that dies without deleting its key keeps its partitions
+for up to ``ttl``; one cut off from NATS while still running counts itself alone and keeps working
+on everything it can reach (the others take its share after ``ttl``), so for a while a partition
+can have two owners. The services are built for that: verdicts carry deterministic message ids
+(JetStream keeps one), and lifecycle's status writes carry the resourceVersion they read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.js import api
+
+from shared import metrics
+from shared.partitions import assign, live, partition_of, partitions_of
+
+__all__ = ["MEMBERS_BUCKET", "Membership", "OnChange", "member_id"]
+
+log = logging.getLogger(__name__)
+
+MEMBERS_BUCKET = "RESPAWN_MEMBERS"
+# Keys of members that stopped heartbeating disappear from the bucket after this long (a
+# restarted replica must not find the whole history of earlier ones).
+BUCKET_MAX_AGE = 120.0
+
+OWNED = metrics.gauge("respawn_partitions_owned", "Partitions this replica owns (docs/scaling.md)", ["group"])
+MEMBERS = metrics.gauge(
+    "respawn_members_alive", "Replicas of this service alive, as this one sees them", ["group"]
+)
+HANDOFFS = metrics.counter(
+    "respawn_partitions_moved",
+    "Partitions this replica took over (gained) or gave away (lost)",
+    ["group", "direction"],
+)
+
+# (previous share, new share): called, one call at a time, whenever this replica's share changes.
+OnChange = Callable[[frozenset[int], frozenset[int]], Awaitable[None]]
+
+
+def member_id() -> str:
+    """This replica's name among its peers: ``$RESPAWN_INSTANCE`` (the pod name in Kubernetes),
+    else ``<hostname>-<pid>``; only characters valid in a NATS KV key."""
+    raw = os.environ.get("RESPAWN_INSTANCE") or f"{socket.gethostname()}-{os.getpid()}"
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", raw).strip("-")[:64] or "replica"
+
+
+class Membership:
+    def __init__(
+        self,
+        bus: Any,
+        group: str,
+        *,
+        partitions: int,
+        heartbeat: float,
+        ttl: float,
+        on_change: OnChange,
+        member: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.bus = bus
+        self.group = group
+        self.partitions = partitions
+        self.heartbeat = heartbeat
+        self.ttl = ttl
+        self.on_change = on_change
+        self.member = member or member_id()
+        self.clock = clock
+        self.owned: frozenset[int] = frozenset()
+        self.members: frozenset[str] = frozenset()
+        self.settled = False  # the first share has been taken
+        self._last_seen: dict[str, float] = {}
+        self._own_echo = clock()  # when our own heartbeat last came back through the watch
+        self._changed = asyncio.Event()
+        self._watch_synced = False  # the initial values of the group's keys have been read
+        self._kv: Any = None
+
+    # ------------------------------------------------------------------ queries
+
+    def owns(self, namespace: str, name: str) -> bool:
+        """Whether the AppWrapper ``namespace/name`` is in this replica's share."""
+        return partition_of(namespace, name, self.partitions) in self.owned
+
+    def owns_partition(self, partition: int) -> bool:
+        return partition in self.owned
+
+    # ------------------------------------------------------------------ loop
+
+    async def run(self) -> None:
+        """Heartbeat, watch the peers and keep :attr:`owned` up to date until cancelled; on the
+        way out, delete this replica's key so the others take its share at once."""
+        tasks = [
+            asyncio.create_task(self._beat(), name=f"{self.group}-heartbeat"),
+            asyncio.create_task(self._watch(), name=f"{self.group}-members"),
+            asyncio.create_task(self._rebalance(), name=f"{self.group}-rebalance"),
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.leave()
+
+    async def leave(self) -> None:
+        if self._kv is None:
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._kv.delete(self._key(self.member)), timeout=2.0)
+
+    def _key(self, member: str) -> str:
+        return f"{self.group}.{member}"
+
+    async def _bucket(self) -> Any:
+        if self._kv is None:
+            js = self.bus.js
+            try:
+                self._kv = await js.key_value(MEMBERS_BUCKET)
+            except nats.js.errors.BucketNotFoundError:
+                # Replicas of every service race here at first start; creating a bucket that
+                # exists with the same configuration succeeds.
+                self._kv = await js.create_key_value(
+                    api.KeyValueConfig(
+                        bucket=MEMBERS_BUCKET,
+                        history=1,
+                        ttl=BUCKET_MAX_AGE,
+                        storage=api.StorageType.MEMORY,
+                        replicas=getattr(self.bus, "replicas", 1),
+                    )
+                )
+        return self._kv
+
+    async def _beat(self) -> None:
+        body = json.dumps({"member": self.member, "pid": os.getpid(), "host": socket.gethostname()}).encode()
+        while True:
+            try:
+                kv = await self._bucket()
+                await kv.put(self._key(self.member), body)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # NATS down or the bucket lost with the server's store
+                log.warning("%s heartbeat failed (%s); trying again", self.group, exc)
+                self._kv = None
+            await asyncio.sleep(self.heartbeat)
+            self._changed.set()  # a peer may have gone quiet: look again
+
+    async def _watch(self) -> None:
+        """Follow the group's keys. The watch also carries our own heartbeat back: when it has
+        not for a few heartbeats, it is broken (a server restart can lose its consumer) and is
+        made again."""
+        while True:
+            watcher = None
+            try:
+                kv = await self._bucket()
+                watcher = await kv.watch(f"{self.group}.*")
+                self._own_echo = self.clock()
+                initial = True
+                while True:
+                    try:
+                        entry = await watcher.updates(timeout=self.heartbeat)
+                    except nats.errors.TimeoutError:
+                        entry = None
+                    if entry is None:
+                        if initial:
+                            initial = False
+                            self._watch_synced = True
+                            self._changed.set()
+                        if self.clock() - self._own_echo > 3 * self.heartbeat + self.ttl:
+                            raise ConnectionError("own heartbeats no longer come back through the watch")
+                        continue
+                    self._apply(entry)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("%s membership watch failed (%s); watching again", self.group, exc)
+                self._kv = None
+                await asyncio.sleep(self.heartbeat)
+            finally:
+                if watcher is not None:
+                    with contextlib.suppress(Exception):
+                        await watcher.stop()
+
+    def _apply(self, entry: Any) -> None:
+        member = str(entry.key).removeprefix(f"{self.group}.")
+        now = self.clock()
+        if entry.operation in ("DEL", "PURGE"):
+            self._last_seen.pop(member, None)
+        else:
+            # An entry from the initial values may be old: count it from when it was written.
+            age = 0.0
+            created = getattr(entry, "created", None)
+            if created is not None:
+                with contextlib.suppress(Exception):
+                    age = max(0.0, time.time() - created.timestamp())
+            self._last_seen[member] = now - age
+            if member == self.member:
+                self._own_echo = now
+        self._changed.set()
+
+    def alive(self) -> frozenset[str]:
+        # This replica is alive by definition, even while NATS is unreachable.
+        return frozenset(live(self._last_seen, self.clock(), self.ttl) | {self.member})
+
+    async def _rebalance(self) -> None:
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            if not self._watch_synced:
+                continue  # a share taken before the peers are known would be taken from them
+            members = self.alive()
+            if members != self.members:
+                log.info("%s replicas alive: %s", self.group, ", ".join(sorted(members)))
+                self.members = members
+                MEMBERS.labels(group=self.group).set(len(members))
+            share = assign(self.partitions, members).get(self.member, frozenset())
+            if share == self.owned and self.settled:
+                continue
+            previous = self.owned
+            gained, lost = share - previous, previous - share
+            log.info(
+                "%s %s owns partitions %s (gained %s, lost %s)",
+                self.group,
+                self.member,
+                partitions_of(share),
+                partitions_of(gained),
+                partitions_of(lost),
+            )
+            # What is lost stops counting as ours before the service lets go of it, and what is
+            # gained counts once the service has taken it: in between, this replica owns less.
+            self.owned = previous & share
+            await self.on_change(previous, share)
+            self.owned = share
+            self.settled = True
+            OWNED.labels(group=self.group).set(len(share))
+            HANDOFFS.labels(group=self.group, direction="gained").inc(len(gained))
+            HANDOFFS.labels(group=self.group, direction="lost").inc(len(lost))

@@ -1,0 +1,130 @@
+"""Replicas of one service find each other through the NATS KV bucket and split the partitions;
+a replica that stops hands its share over at once, one that dies after the member TTL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from shared.bus import Bus
+from shared.bus.membership import Membership
+from tests.nats_fixtures import connected_bus
+from tests.waiting import until
+
+pytestmark = pytest.mark.asyncio
+
+PARTITIONS = 12
+
+
+class Replica:
+    def __init__(self, bus: Bus, group: str, member: str) -> None:
+        self.changes: list[tuple[frozenset[int], frozenset[int]]] = []
+        self.membership = Membership(
+            bus, group, partitions=PARTITIONS, heartbeat=0.2, ttl=1.0, on_change=self.changed, member=member
+        )
+        self.task: asyncio.Task[None] | None = None
+
+    async def changed(self, previous: frozenset[int], current: frozenset[int]) -> None:
+        self.changes.append((previous, current))
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.membership.run())
+
+    async def stop(self) -> None:
+        """A clean stop: the replica deletes its key."""
+        assert self.task is not None
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+    async def die(self) -> None:
+        """As a SIGKILL would: nothing more from it, its key left behind."""
+        self.membership.leave = _nothing  # type: ignore[method-assign]
+        await self.stop()
+
+
+async def _nothing() -> None:
+    return None
+
+
+@pytest.fixture
+async def buses(nats_url: str) -> AsyncIterator[list[Bus]]:
+    async with contextlib.AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(connected_bus(nats_url)) for _ in range(3)]
+
+
+def split(replicas: list[Replica]) -> list[frozenset[int]]:
+    return [r.membership.owned for r in replicas]
+
+
+def covers_once(replicas: list[Replica]) -> bool:
+    owned = [p for share in split(replicas) for p in share]
+    return sorted(owned) == list(range(PARTITIONS))
+
+
+async def test_replicas_split_the_partitions_and_take_over_a_stopped_or_dead_ones_share(
+    buses: list[Bus],
+) -> None:
+    group = f"test-{uuid.uuid4().hex[:8]}"
+    replicas = [Replica(bus, group, f"r{i}") for i, bus in enumerate(buses)]
+    for replica in replicas:
+        replica.start()
+    try:
+        await until(
+            "three replicas own 4 partitions each",
+            lambda: covers_once(replicas) and all(len(s) == 4 for s in split(replicas)),
+            within=10,
+            every=0.02,
+        )
+        # Each one's share changed in place: no partition was owned twice at any moment.
+        assert all(r.membership.members == {"r0", "r1", "r2"} for r in replicas)
+
+        # A clean stop: the key is deleted and the others split its share at once.
+        await replicas[2].stop()
+        loop = asyncio.get_running_loop()
+        stopped_at = loop.time()
+        await until("two replicas own everything", lambda: covers_once(replicas[:2]), within=10, every=0.02)
+        assert loop.time() - stopped_at < 1.0, "a cleanly stopped replica's share moved only after the TTL"
+
+        # A death: the key stays, the share moves once the member TTL (1 s) has passed.
+        await replicas[1].die()
+        died_at = loop.time()
+        await until(
+            "the last replica owns everything",
+            lambda: replicas[0].membership.owned == frozenset(range(PARTITIONS)),
+            within=10,
+            every=0.02,
+        )
+        assert 0.8 <= loop.time() - died_at < 4.0
+    finally:
+        for replica in replicas:
+            if replica.task is not None and not replica.task.done():
+                await replica.stop()
+
+
+async def test_a_new_replica_takes_its_share_only_after_learning_of_the_others(buses: list[Bus]) -> None:
+    group = f"test-{uuid.uuid4().hex[:8]}"
+    first, second = Replica(buses[0], group, "a"), Replica(buses[1], group, "b")
+    first.start()
+    try:
+        await until(
+            "a lone replica owns everything",
+            lambda: first.membership.owned == frozenset(range(PARTITIONS)),
+            within=10,
+        )
+        second.start()
+        await until(
+            "the newcomer owns half",
+            lambda: covers_once([first, second]) and len(second.membership.owned) == 6,
+            within=10,
+            every=0.02,
+        )
+        # The newcomer never claimed everything: its first share was already its half.
+        assert second.changes[0] == (frozenset(), second.membership.owned)
+    finally:
+        await first.stop()
+        await second.stop()
