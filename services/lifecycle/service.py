@@ -35,11 +35,12 @@ from services.lifecycle.reader import Reader
 from services.lifecycle.reconciler import Reconciler
 from services.lifecycle.resync import Resync
 from services.lifecycle.serverclock import ServerClock
+from services.lifecycle.shares import Shares
 from services.lifecycle.triggers import LatestVerdicts, Triggers
 from services.lifecycle.workqueue import WorkQueue
 from shared import metrics, subjects
 from shared.appwrapper.constants import API_VERSION, KIND
-from shared.bus import DeliverPolicy
+from shared.bus import Consumer, DeliverPolicy
 from shared.kube import Kube, KubeApiError, ResourceRef
 from shared.kube.watch import list_pages
 from shared.kubetime import utcnow
@@ -81,7 +82,13 @@ class Lifecycle:
         # an attempt's pods by their creationTimestamp): decide on the server's clock.
         self.clock = ServerClock(clock)
         self.resync_period = settings.resync_period
-        self.queue = WorkQueue(urgent=self.incidents.__contains__, clock=self.clock.now)
+        # Which AppWrappers are this replica's (docs/scaling.md); only those are ever queued.
+        self.shares = Shares(
+            rt.bus, config.scaling, start_consumer=self._consume_verdicts, moved=self._share_moved
+        )
+        self.queue = WorkQueue(
+            urgent=self.incidents.__contains__, clock=self.clock.now, accept=self.shares.owns
+        )
         # Pod changes trigger reconciles exactly as pod observations on the bus do.
         self.pod_cache = PodCache(on_change=self.queue.debounce)
         self.node_cache = NodeCache() if nodes is not None else None
@@ -119,6 +126,29 @@ class Lifecycle:
         async for page, _ in list_pages(self.kube, self.appwrappers):
             yield page
 
+    async def _consume_verdicts(self, durable: str, filter_subject: str) -> Consumer[Verdict]:
+        return await self.rt.bus.consume(
+            subjects.VERDICTS_STREAM,
+            durable,
+            filter_subject,
+            Verdict,
+            self.triggers.on_verdict,
+            max_deliver=100_000,  # held verdicts are redelivered until they apply
+            # A held verdict is a TransientError, which never counts here: only a verdict whose
+            # handling raises unexpectedly, again and again, is dead-lettered (poison).
+            max_errors=10,
+            ack_wait=60.0,
+            # One AppWrapper's verdicts in order, different AppWrappers' at once: a verdict
+            # takes a few API round trips, and a burst of them must not queue behind each other.
+            concurrency=self.verdict_concurrency,
+        )
+
+    async def _share_moved(self, gained: frozenset[int], lost: frozenset[int]) -> None:
+        """Partitions taken over may hold AppWrappers with work or a clock pending that their
+        previous owner will not finish: look at them now rather than at the next resync."""
+        if gained:
+            asyncio.get_running_loop().create_task(self.resync.once(), name="lifecycle-takeover-resync")
+
     async def work(self) -> None:
         """One reconcile worker: the queue's keys, one after another. A key whose reconcile
         fails (reported by the reconciler) is queued again after its own backoff; the worker goes
@@ -143,6 +173,7 @@ class Lifecycle:
         loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
             f"lifecycle-worker-{i}": self.work for i in range(self.workers)
         }
+        loops["lifecycle-shares"] = self.shares.run
         loops["lifecycle-resync"] = self.resync.run
         loops["lifecycle-clock"] = self.sync_clock
         loops["lifecycle-pod-cache"] = lambda: self.pod_cache.run(self.kube, self.pods)
@@ -151,21 +182,6 @@ class Lifecycle:
             loops["lifecycle-node-cache"] = lambda: node_cache.run(self.kube, nodes)
         tasks = [asyncio.create_task(_supervised(name, loop), name=name) for name, loop in loops.items()]
         try:
-            verdicts = await self.rt.bus.consume(
-                subjects.VERDICTS_STREAM,
-                "lifecycle-verdicts",
-                subjects.verdict_filter(),
-                Verdict,
-                self.triggers.on_verdict,
-                max_deliver=100_000,  # held verdicts are redelivered until they apply
-                # A held verdict is a TransientError, which never counts here: only a verdict whose
-                # handling raises unexpectedly, again and again, is dead-lettered (poison).
-                max_errors=10,
-                ack_wait=60.0,
-                # One AppWrapper's verdicts in order, different AppWrappers' at once: a verdict
-                # takes a few API round trips, and a burst of them must not queue behind each other.
-                concurrency=self.verdict_concurrency,
-            )
             observations = await self.rt.bus.consume(
                 subjects.OBSERVATIONS_STREAM,
                 "lifecycle-observations",
@@ -177,7 +193,7 @@ class Lifecycle:
                 # controller ran are old.
                 deliver_policy=DeliverPolicy.NEW,
             )
-            self.rt.add_check("consumers", lambda: verdicts.running and observations.running)
+            self.rt.add_check("consumers", lambda: self.shares.ready() and observations.running)
             await asyncio.gather(*tasks)
         finally:
             for task in tasks:

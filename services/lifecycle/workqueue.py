@@ -42,8 +42,13 @@ class WorkQueue:
         urgent: Callable[[Key], bool] = lambda key: False,
         clock: Callable[[], datetime] = utcnow,
         debounce: timedelta = OBSERVATION_DEBOUNCE,
+        accept: Callable[[Key], bool] = lambda key: True,
     ) -> None:
+        """``accept``: whether a key is this replica's to reconcile (its share of the partitions,
+        docs/scaling.md); others are not queued, and one queued before its partition moved away is
+        dropped on the way out."""
         self._urgent = urgent
+        self._accept = accept
         self._clock = clock
         self._debounce = debounce
         # (priority, arrival, key); priority 0 for urgent keys, 1 for the rest. A key is queued
@@ -64,6 +69,8 @@ class WorkQueue:
         reconcile of nearly every one of them. A reset waiting its turn behind them would keep
         a workload down for minutes for a pass that takes milliseconds.
         """
+        if not self._accept(key):
+            return
         priority = 0 if self._urgent(key) else 1
         queued = self._queued.get(key)
         if queued is None or priority < queued:
@@ -79,7 +86,8 @@ class WorkQueue:
             if self._queued.get(key) == priority:
                 del self._queued[key]
                 QUEUE.set(len(self._queued))
-                return key
+                if self._accept(key):
+                    return key
 
     def requeue_at(self, when: datetime, key: Key) -> None:
         """Queue ``key`` at ``when`` (at once if that has passed), unless it is due earlier already."""
