@@ -169,8 +169,8 @@ def start_service(
     """Start one service process for a testbed; its pid is recorded in the state for `down`.
 
     Its process name (``health``, or ``health-<instance>``) is its ``RESPAWN_INSTANCE`` too: unique
-    among the testbed's processes, so each replica is a member of its own; set last, so that
-    nothing inherited or passed in gives two replicas one identity.
+    among the testbed's processes, so no two replicas share an identity. It is set last, so that
+    nothing inherited or passed in can make them share one.
 
     On a testbed whose NATS requires TLS the service trusts the testbed's CA
     (``RESPAWN_NATS_TLS_CA_FILE``, as nats.tls.caFile in docs/configuration.md)."""
@@ -236,7 +236,7 @@ def start_all(
         start, stop = replica_plan(service, have, (replicas or {}).get(service))
         for name in start:
             log(f"starting service {service}" + (f" ({name})" if name != service else ""))
-            start_service(state, service, instance=name.removeprefix(service).lstrip("-"), env=env)
+            start_service(state, service, instance=name.partition("-")[2], env=env)
             started.append(name)
         for name in stop:
             log(f"stopping {name} (pid {state.pids[name]}): not among the {service} replicas asked for")
