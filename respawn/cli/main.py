@@ -12,7 +12,7 @@ import typer
 
 from respawn.cli import explain, status, tail
 from respawn.testbed.errors import TestbedError
-from respawn.testbed.services import SERVICES
+from respawn.testbed.services import MAX_REPLICAS, SERVICES, parse_replicas, replica_table, service_of
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Respawn: fault tolerance for AppWrappers."
@@ -34,6 +34,19 @@ StateDir = typer.Option(
 
 def _say(msg: str) -> None:
     typer.echo(f"respawn: {msg}", err=True)
+
+
+def _replicas(value: str | None, *, no_services: bool) -> dict[str, int] | None:
+    """``--replicas``, parsed; else a usage error: one line naming what is wrong, exit 2."""
+    if value is None:
+        return None
+    try:
+        if no_services:
+            raise ValueError("cannot go with --no-services (it starts services)")
+        return parse_replicas(value)
+    except ValueError as exc:
+        typer.echo(f"error: --replicas: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _fail(exc: Exception) -> None:
@@ -60,16 +73,26 @@ def local_up(
         "--nats-tls",
         help="NATS requires TLS, with a certificate of the testbed's CA (its path: natsCaFile).",
     ),
+    replicas: str | None = typer.Option(
+        None,
+        "--replicas",
+        metavar="SERVICE=N,...",
+        help=(
+            f"How many processes of a service to run (1 to {MAX_REPLICAS}), e.g. health=2,lifecycle=2; "
+            "a service not named runs what runs already, else one."
+        ),
+    ),
 ) -> None:
     """Start the testbed on 127.0.0.1 and return once everything is ready."""
     from respawn.testbed import cluster, services
 
+    counts = _replicas(replicas, no_services=no_services)
     fixed = {k: v for k, v in {"apiserver": api_port, "nats": nats_port}.items() if v}
     try:
         state = cluster.up(state_dir, nodes=nodes, log=_say, fixed_ports=fixed, nats_tls=nats_tls)
         started: list[str] = []
         if not no_services:
-            started = services.start_all(state, log=_say)
+            started = services.start_all(state, replicas=counts, log=_say)
     except (TestbedError, TimeoutError) as exc:
         _fail(exc)
         return
@@ -79,8 +102,10 @@ def local_up(
         "natsUrl": state.nats_url,
         "apiServer": state.api_url,
         "stateDir": str(state.state_dir),
-        "services": started,
+        # The services this `up` started processes of, by service name whatever their replicas'.
+        "services": [s for s in SERVICES if any(service_of(name) == s for name in started)],
         "natsCaFile": str(state.nats_ca_file) if state.nats_ca_file else None,
+        "replicas": replica_table(state),
     }
     if as_json:
         typer.echo(json.dumps(info))
@@ -109,7 +134,9 @@ def local_status(state_dir: Path = StateDir, as_json: bool = typer.Option(False,
     state = cluster.State.load(state_dir.resolve())
     if state is None:
         if as_json:
-            typer.echo(json.dumps({"version": CLI_OUTPUT_VERSION, "running": False, "processes": {}}))
+            typer.echo(
+                json.dumps({"version": CLI_OUTPUT_VERSION, "running": False, "processes": {}, "replicas": {}})
+            )
         else:
             typer.echo(f"no testbed in {state_dir}")
         raise typer.Exit(1)
@@ -117,16 +144,24 @@ def local_status(state_dir: Path = StateDir, as_json: bool = typer.Option(False,
     if as_json:
         typer.echo(
             json.dumps(
-                {"version": CLI_OUTPUT_VERSION, "running": all(running.values()), "processes": running}
+                {
+                    "version": CLI_OUTPUT_VERSION,
+                    "running": all(running.values()),
+                    "processes": running,
+                    "replicas": replica_table(state),
+                }
             )
         )
         return
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("process", "pid", "state")
+    # Every process, each replica of a service its own row with the port of its probes.
+    table = Table("process", "pid", "probes", "state")
     for name, alive in running.items():
-        table.add_row(name, str(state.pids[name]), "running" if alive else "stopped")
+        port = state.ports.get(f"{name}-probes")
+        probes = str(port) if port else ""
+        table.add_row(name, str(state.pids[name]), probes, "running" if alive else "stopped")
     Console().print(table)
 
 

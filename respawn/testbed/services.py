@@ -4,18 +4,85 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from respawn.testbed.cluster import Log, State, _http_ok, _quiet, kubectl, wait_for
 from respawn.testbed.errors import TestbedError
 from respawn.testbed.ports import free_port
-from respawn.testbed.process import Proc, start, stop_pid, wait_until
+from respawn.testbed.process import Proc, pid_alive, start, stop_pid, wait_until
 
 SERVICES = ("watcher", "health", "lifecycle", "autopilot")
+# The most replicas of one service `local up --replicas` starts: each is a Python process of
+# 90-190 MiB (README, "Performance") on the machine that also runs the control plane, and eight of
+# each of the four services is already 32 of them.
+MAX_REPLICAS = 8
+# Where a service's replicas learn which one they are (docs/deploy.md, "Replicas").
+INSTANCE_ENV = "RESPAWN_INSTANCE"
+
+
+def parse_replicas(text: str) -> dict[str, int]:
+    """``health=2,lifecycle=2`` as ``{"health": 2, "lifecycle": 2}``.
+
+    Raises ``ValueError`` with a message naming the item that is wrong and what is expected.
+    """
+    counts: dict[str, int] = {}
+    for item in text.split(","):
+        item = item.strip()
+        service, sep, raw = item.partition("=")
+        service, raw = service.strip(), raw.strip()
+        if not sep or not service or not raw:
+            raise ValueError(f"{item!r} is not SERVICE=COUNT (e.g. health=2)")
+        if service not in SERVICES:
+            raise ValueError(f"unknown service {service!r}; choose from {', '.join(SERVICES)}")
+        if service in counts:
+            raise ValueError(f"{service} is given twice")
+        if not re.fullmatch(r"[0-9]+", raw) or not 1 <= int(raw) <= MAX_REPLICAS:
+            raise ValueError(f"{service}={raw}: the count must be a whole number from 1 to {MAX_REPLICAS}")
+        counts[service] = int(raw)
+    return counts
+
+
+def instance_names(service: str, count: int) -> list[str]:
+    """The names of ``count`` replicas of ``service``: of its processes, log files and
+    ``RESPAWN_INSTANCE``. One replica is named after the service alone, as before there were
+    replicas (scripts and benchmarks find it as ``health``); more are ``health-0``, ``health-1``…"""
+    return [service] if count == 1 else [f"{service}-{i}" for i in range(count)]
+
+
+def service_of(name: str) -> str | None:
+    """The service a process named ``name`` (``health``, ``health-1``) runs; None: no service."""
+    service, _, index = name.partition("-")
+    return service if service in SERVICES and (not index or index.isdigit()) else None
+
+
+def replicas_of(state: State, service: str) -> list[str]:
+    """The names of the processes of ``service`` that the testbed in ``state`` records."""
+    return [name for name in state.pids if service_of(name) == service]
+
+
+def replica_table(state: State) -> dict[str, list[dict[str, Any]]]:
+    """Every recorded replica of every service, as ``local status --json`` and ``local up --json``
+    show them (docs/cli.md): instance name, pid, probe port, whether it runs."""
+    return {
+        service: [
+            {
+                "instance": name,
+                "pid": state.pids[name],
+                "probePort": state.ports.get(f"{name}-probes"),
+                "running": pid_alive(state.pids[name]),
+            }
+            for name in names
+        ]
+        for service in SERVICES
+        if (names := replicas_of(state, service))
+    }
 
 
 def service_env(
@@ -62,6 +129,10 @@ class ServiceProcess:
         stop_pid(self.proc.pid, timeout=2)
 
 
+def process_name(service: str, instance: str = "") -> str:
+    return f"{service}{'-' + instance if instance else ''}"
+
+
 def spawn_service(
     service: str,
     *,
@@ -73,7 +144,7 @@ def spawn_service(
     ready_timeout: float = 60,
 ) -> ServiceProcess:
     """Start ``python -m services.<service>`` and wait until its /readyz answers 200."""
-    name = f"{service}{'-' + instance if instance else ''}"
+    name = process_name(service, instance)
     port = free_port()
     proc = start(
         name,
@@ -97,6 +168,10 @@ def start_service(
 ) -> int:
     """Start one service process for a testbed; its pid is recorded in the state for `down`.
 
+    Its process name (``health``, or ``health-<instance>``) is its ``RESPAWN_INSTANCE`` too: unique
+    among the testbed's processes, so no two replicas share an identity. It is set last, so that
+    nothing inherited or passed in can make them share one.
+
     On a testbed whose NATS requires TLS the service trusts the testbed's CA
     (``RESPAWN_NATS_TLS_CA_FILE``, as nats.tls.caFile in docs/configuration.md)."""
     sp = spawn_service(
@@ -105,7 +180,7 @@ def start_service(
         nats_url=state.nats_url,
         log_dir=state.state_dir / "logs",
         instance=instance,
-        env={**state.nats_tls_env(), **(env or {})},
+        env={**state.nats_tls_env(), **(env or {}), INSTANCE_ENV: process_name(service, instance)},
     )
     state.pids[sp.name] = sp.pid
     state.ports[f"{sp.name}-probes"] = sp.probe_port
@@ -133,13 +208,39 @@ def install_crd(kubeconfig: Path) -> None:
     )
 
 
-def start_all(state: State, *, log: Log = _quiet, env: dict[str, str] | None = None) -> list[str]:
+def replica_plan(service: str, have: list[str], requested: int | None) -> tuple[list[str], list[str]]:
+    """Which replicas of ``service`` to start and which to stop, given the names of those that
+    run (``have``) and the count asked for (None: keep what runs, else run one)."""
+    wanted = instance_names(service, requested or len(have) or 1)
+    return [n for n in wanted if n not in have], [n for n in have if n not in wanted]
+
+
+def start_all(
+    state: State,
+    *,
+    replicas: Mapping[str, int] | None = None,
+    log: Log = _quiet,
+    env: dict[str, str] | None = None,
+) -> list[str]:
+    """Run ``replicas[service]`` processes of each service named there, and of every other one
+    what already runs (one if none does); returns the names of the processes started.
+
+    On a running testbed only what differs changes: missing replicas are started (each waited
+    for until ready) before surplus ones are stopped, so the service never runs with none.
+    """
     started: list[str] = []
     log("installing the AppWrapper CRD")
     install_crd(state.kubeconfig)
     for service in SERVICES:
-        if service not in state.pids:
-            log(f"starting service {service}")
-            start_service(state, service, env=env)
-            started.append(service)
+        have = replicas_of(state, service)
+        start, stop = replica_plan(service, have, (replicas or {}).get(service))
+        for name in start:
+            log(f"starting service {service}" + (f" ({name})" if name != service else ""))
+            start_service(state, service, instance=name.partition("-")[2], env=env)
+            started.append(name)
+        for name in stop:
+            log(f"stopping {name} (pid {state.pids[name]}): not among the {service} replicas asked for")
+            stop_pid(state.pids.pop(name))
+            state.ports.pop(f"{name}-probes", None)
+            state.save()
     return started

@@ -3,6 +3,10 @@
 - Every manifest of the base, the local overlay and the NATS-over-TLS overlay is accepted by the
   API server (server-side dry run; cert-manager's objects apart, see test_deploy_tls.py), and the
   pods they describe are hardened as the namespace's PodSecurity level demands.
+- Every service and the webhook runs two replicas (one in the local overlay), kept apart by a
+  preferred anti-affinity on the node, under a disruption budget of its own, each replica named by
+  its pod (RESPAWN_INSTANCE); on the testbed's nodes the scheduler puts the two replicas on
+  different nodes and each budget counts exactly its two pods.
 - Each service's ServiceAccount, with a token minted for it, may do what the service does and is
   refused what it does not; health and autopilot may do nothing at all.
 - The services run as processes with those tokens and their own NATS users, against a
@@ -293,6 +297,114 @@ def test_local_overlay_runs_one_server_with_unreplicated_streams(
     assert "cluster {" not in configmap(docs, "respawn-nats-config")["data"]["cluster.conf"]
     for service in SERVICES:
         assert one(docs, "Deployment", f"respawn-{service}")["spec"]["replicas"] == 1
+
+
+# ------------------------------------------------------------------------------ replicas
+
+
+DEPLOYABLES = (*SERVICES, "webhook")
+HOSTNAME = "kubernetes.io/hostname"
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return selector.items() <= labels.items()
+
+
+def template_labels(docs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """The labels of every pod template in ``docs``, by the name of its workload."""
+    return {
+        d["metadata"]["name"]: d["spec"]["template"]["metadata"].get("labels") or {}
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet")
+    }
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("deployable", DEPLOYABLES)
+def test_each_deployable_runs_replicas_apart_under_its_own_budget_each_named_by_its_pod(
+    built: dict[str, list[dict[str, Any]]], target: str, deployable: str
+) -> None:
+    docs = built[target]
+    name = f"respawn-{deployable}"
+    deployment = one(docs, "Deployment", name)["spec"]
+    # Two by default, so that losing or evicting one replica stops nothing; one on a single machine.
+    assert deployment["replicas"] == (1 if target == "overlays/local" else 2)
+    selector = deployment["selector"]["matchLabels"]
+    labels = deployment["template"]["metadata"]["labels"]
+    assert selects(selector, labels)
+
+    # Its budget selects its pods and no other workload's, and no other budget selects its pods.
+    budget = one(docs, "PodDisruptionBudget", name)["spec"]
+    assert budget["selector"] == {"matchLabels": selector}
+    assert [w for w, pod in template_labels(docs).items() if selects(selector, pod)] == [name]
+    budgets = [
+        d["metadata"]["name"]
+        for d in docs
+        if d["kind"] == "PodDisruptionBudget" and selects(d["spec"]["selector"]["matchLabels"], labels)
+    ]
+    assert budgets == [name]
+    # At most one down; minAvailable: 1 would never let a lone replica (the local overlay) be evicted.
+    assert budget["maxUnavailable"] == 1 and "minAvailable" not in budget
+
+    spec = deployment["template"]["spec"]
+    anti = spec["affinity"]["podAntiAffinity"]
+    # Preferred, not required: a cluster with fewer nodes than replicas still runs them all.
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti
+    (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"] == {"topologyKey": HOSTNAME, "labelSelector": {"matchLabels": selector}}
+    # One rule spreads the replicas over nodes, not a topology constraint on the same key beside it.
+    assert "topologySpreadConstraints" not in spec
+
+    # Each replica's identity is its pod name.
+    (container,) = spec["containers"]
+    (instance,) = [e for e in container["env"] if e["name"] == "RESPAWN_INSTANCE"]
+    assert instance == {"name": "RESPAWN_INSTANCE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+
+
+def test_replicas_land_on_different_nodes_and_each_budget_counts_exactly_its_pods(
+    testbed: Endpoints, built: dict[str, list[dict[str, Any]]], namespace: str
+) -> None:
+    """The base's Deployments and budgets (with their ServiceAccounts, which pod admission
+    requires) in a namespace of this test's own, on the testbed's kwok nodes: the scheduler and
+    the disruption controller read them as a cluster would; no container runs."""
+    kc = testbed.kubeconfig
+    names = {f"respawn-{d}" for d in DEPLOYABLES}
+    docs = [
+        {**d, "metadata": {**d["metadata"], "namespace": namespace}}
+        for d in built["base"]
+        if d["kind"] in ("ServiceAccount", "Deployment", "PodDisruptionBudget")
+        and d["metadata"]["name"] in names
+    ]
+    kubectl(kc, "apply", "-f", "-", stdin=dump(docs))
+    nodes = kubectl(kc, "get", "nodes", "-o", "name").stdout.split()
+    assert len(nodes) >= 2, "the spread needs a testbed of two nodes or more"
+
+    def budget_status(name: str) -> dict[str, Any]:
+        out = kubectl(kc, "get", "pdb", name, "-n", namespace, "-o", "json").stdout
+        return dict(json.loads(out).get("status") or {})
+
+    def all_counted() -> bool:
+        return all(
+            budget_status(n).get("expectedPods") == 2 and budget_status(n).get("currentHealthy") == 2
+            for n in names
+        )
+
+    until_sync("every budget to count two healthy replicas", all_counted, within=60, every=0.5)
+    for name in sorted(names):
+        status = budget_status(name)
+        # Exactly its own two pods, of which one may be evicted at a time.
+        assert (status["expectedPods"], status["desiredHealthy"], status["disruptionsAllowed"]) == (
+            2,
+            1,
+            1,
+        ), name
+        component = name.removeprefix("respawn-")
+        selector = f"app.kubernetes.io/name=respawn,app.kubernetes.io/component={component}"
+        pods = json.loads(kubectl(kc, "get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout)
+        placed = [
+            p["spec"].get("nodeName") for p in pods["items"] if not p["metadata"].get("deletionTimestamp")
+        ]
+        assert len(placed) == 2 and len(set(placed)) == 2 and None not in placed, (name, placed)
 
 
 @pytest.mark.parametrize("target", TARGETS)

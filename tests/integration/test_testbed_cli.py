@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,67 @@ def test_up_with_nats_tls_runs_the_services_over_tls(tmp_path: Path) -> None:
         assert plain.returncode != 0
         line = error_line(plain)
         assert "runs NATS with TLS" in line and "respawn local down" in line
+    finally:
+        down = respawn("local", "down", "--state-dir", str(state_dir))
+    assert down.returncode == 0, down.stderr
+    assert_nothing_left(state_dir, pids)
+
+
+def environment_of(pid: int) -> dict[str, str]:
+    """The environment a running process was started with."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode(errors="replace").partition("=")[::2] for item in raw if item)
+
+
+def ready(port: int) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+        return bool(resp.status == 200)
+
+
+@needs_binaries
+def test_up_with_replicas_runs_each_ready_under_its_own_name_and_down_stops_them_all(tmp_path: Path) -> None:
+    state_dir = tmp_path / "tb"
+    up = respawn(
+        "local", "up", "--state-dir", str(state_dir), "--nodes", "1", "--replicas", "health=2", "--json"
+    )
+    pids: dict[str, int] = (
+        json.loads((state_dir / "state.json").read_text())["pids"] if up.returncode == 0 else {}
+    )
+    try:
+        assert up.returncode == 0, up.stderr
+        info = json.loads(up.stdout)
+        assert info["services"] == list(SERVICES)
+        replicas = info["replicas"]
+        # Two health processes, each with its own pid, probe port, log and identity; one of the others.
+        assert {s: [r["instance"] for r in rs] for s, rs in replicas.items()} == {
+            "watcher": ["watcher"],
+            "health": ["health-0", "health-1"],
+            "lifecycle": ["lifecycle"],
+            "autopilot": ["autopilot"],
+        }
+        health = replicas["health"]
+        assert len({r["pid"] for r in health}) == len({r["probePort"] for r in health}) == 2
+        for replica in (r for rs in replicas.values() for r in rs):
+            name = replica["instance"]
+            assert replica["running"] is True and pids[name] == replica["pid"], name
+            assert ready(replica["probePort"]), f"{name} is not ready"
+            assert environment_of(replica["pid"])["RESPAWN_INSTANCE"] == name
+            assert (
+                f"connected to NATS at {info['natsUrl']}" in (state_dir / "logs" / f"{name}.log").read_text()
+            )
+
+        status = respawn("local", "status", "--state-dir", str(state_dir), "--json")
+        assert status.returncode == 0, status.stderr
+        listed = json.loads(status.stdout)
+        assert listed["running"] is True
+        assert {"health-0", "health-1", "watcher", "lifecycle", "autopilot"} <= set(listed["processes"])
+        assert listed["replicas"] == replicas
+
+        # `up` again without the flag leaves the replicas as they run.
+        again = respawn("local", "up", "--state-dir", str(state_dir), "--json")
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["services"] == []
+        assert json.loads(again.stdout)["replicas"] == replicas
     finally:
         down = respawn("local", "down", "--state-dir", str(state_dir))
     assert down.returncode == 0, down.stderr
