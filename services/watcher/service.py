@@ -20,6 +20,13 @@ and logged, and the watch goes on; only a NATS outage is waited out. Tombstones 
 configured TTL, and after every (re)list the stored observations of objects that are gone get
 theirs (deleted while no watcher ran). docs/messages.md, "Dead letters" and "Tombstones".
 
+Replicas split the publishing (docs/architecture.md, "Watcher replicas"): each joins the group
+``watcher`` of :class:`~shared.bus.membership.Membership` and publishes only the objects of the
+partitions it owns (an AppWrapper's partition for the AppWrapper, its components and its pods;
+``("", <node>)``'s for a node), but every replica watches and keeps everything, so that one that
+takes over a partition (its owner died or left) publishes at once the latest state of each of
+its objects, and tombstones for those the stream holds that are gone (:meth:`Watcher.take`).
+
 The stream is bounded: at its limit it discards its oldest messages, which are the latest states
 of the objects that changed least recently, and a health or autopilot replica that replays the
 stream after that would not know those objects. So the watcher remembers the stream sequence of
@@ -33,10 +40,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -46,6 +54,7 @@ from shared import metrics, subjects
 from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, KIND
 from shared.appwrapper.model import list_at, mapping_at, str_at
 from shared.bus import BusError, PermanentPublishError
+from shared.bus.membership import Membership
 from shared.bus.publish import TRANSIENT_PUBLISH_ERRORS
 from shared.kube import Kube, KubeApiError, ResourceRef
 from shared.kube.owners import OwnerCache
@@ -96,6 +105,15 @@ UNATTRIBUTED = metrics.counter(
 HELD = metrics.gauge(
     "respawn_watcher_pods_held", "Labelled pods held while the owners on their chain are looked up"
 )
+KEPT = metrics.gauge(
+    "respawn_watcher_objects_kept",
+    "Objects whose latest state this replica keeps, to publish it should it take over their partition",
+)
+TAKEN_OVER = metrics.counter(
+    "respawn_watcher_takeover_objects",
+    "Objects whose latest state (or tombstone) was published on taking over their partition, by kind",
+    ["kind"],
+)
 
 # How long a pod may wait for its owner chain to be resolved once every watch has synced (before,
 # the owners may simply not have been listed yet); then it is given up (reason "unresolved")
@@ -123,6 +141,10 @@ _TRANSIENT = (*TRANSIENT_PUBLISH_ERRORS, ConnectionError)
 # The longest a watch waits between two lists made to restore discarded observations.
 MAX_RELIST_GAP = 600.0
 
+# Observations published at the same time when taking over partitions: one after another, a
+# takeover of thousands of objects would wait for thousands of acknowledgements in turn.
+TAKEOVER_CONCURRENCY = 32
+
 # Why a publish that was neither transient nor refused by the bus failed: a bug, counted.
 UNEXPECTED = "unexpected"
 
@@ -134,10 +156,15 @@ def _transient(exc: BaseException) -> bool:
 
 
 class Publisher:
-    """Publishes observations, skipping ones identical to the last published for the subject."""
+    """Publishes observations, skipping ones identical to the last published for the subject.
 
-    def __init__(self, rt: Runtime) -> None:
+    ``may_publish(subject)``: whether this replica still publishes the subject's partition; a
+    publish that waits out a NATS outage gives up once it does not (another replica took over).
+    """
+
+    def __init__(self, rt: Runtime, may_publish: Callable[[str], bool] = lambda subject: True) -> None:
         self.rt = rt
+        self.may_publish = may_publish
         self.last: dict[str, str] = {}
         # Subjects whose latest message is a tombstone this watcher published: a (re)list does
         # not find their objects, and must not publish their tombstones again (each would
@@ -157,6 +184,21 @@ class Publisher:
         self.last.pop(subject, None)
         self.seqs.pop(subject, None)
         self.restore.pop(subject, None)
+
+    def forget_partitions(self, partitions: Collection[int]) -> None:
+        """Forget every subject of ``partitions``: what this replica published of them says
+        nothing of what the stream holds once another replica has published them (the partition
+        was lost), or may have (it is taken over)."""
+        if not partitions:
+            return
+
+        def theirs(subject: str) -> bool:
+            return translate.subject_partition(subject) in partitions
+
+        for table in (self.last, self.seqs, self.restore):
+            for subject in [s for s in table if theirs(s)]:
+                del table[subject]
+        self.tombstoned.difference_update([s for s in self.tombstoned if theirs(s)])
 
     async def observe(self, prepared: translate.Prepared, *, deleted: bool) -> None:
         """Publish, retrying for as long as the failure is transient (NATS down).
@@ -184,6 +226,9 @@ class Publisher:
             except Exception as exc:
                 if not _transient(exc):
                     raise
+                if not self.may_publish(subject):
+                    log.info("not publishing %s any more: another replica took its partition over", subject)
+                    return
                 delay = backoff.next()
                 log.warning("publishing %s failed (%s); retrying in %.1fs", subject, exc, delay)
                 await asyncio.sleep(delay)
@@ -221,11 +266,40 @@ class Held:
     since: float
 
 
+@dataclass(slots=True)
+class Kept:
+    """The latest state of one object as its watch gave it (cut down: :func:`translate.kept`),
+    whatever its partition: what this replica publishes if it takes the partition over.
+
+    ``version`` grows with every event of any object, so a takeover can tell what changed while
+    it published; ``deleted``: the object was deleted while its partition was being taken over,
+    and its tombstone is the takeover's to publish."""
+
+    subject: str
+    partition: int
+    obj: dict[str, Any]
+    version: int
+    deleted: bool = False
+
+
 class Watcher:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.kube: Kube = rt.require_kube()
-        self.publisher = Publisher(rt)
+        self.publisher = Publisher(rt, may_publish=self.may_publish)
+        # The replicas' split of the partitions (docs/architecture.md, "Watcher replicas"): None
+        # for a watcher on its own, which publishes every partition (run() joins the group).
+        self.membership: Membership | None = None
+        # Partitions this replica is taking over: not published by the watches yet, the takeover
+        # publishes what is known of them first (:meth:`take`).
+        self.taking: frozenset[int] = frozenset()
+        # Per watch, the latest state of every object by (namespace, name), and how each watch
+        # is made (resource, observation kind, translator): for takeovers.
+        self.kept: dict[str, dict[tuple[str, str], Kept]] = {}
+        self.watched: dict[str, tuple[ResourceRef, str, Translator]] = {}
+        # Watches whose set of live objects is complete: listed at least once since they (re)started.
+        self.listed: set[str] = set()
+        self._versions = itertools.count(1)
         self.synced: dict[str, bool] = {}
         self.component_watches: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.tasks: list[asyncio.Task[None]] = []
@@ -253,6 +327,134 @@ class Watcher:
 
     def ready(self) -> bool:
         return bool(self.synced) and all(self.synced.values())
+
+    # ------------------------------------------------------------------ partitions
+
+    def owns(self, partition: int) -> bool:
+        """Whether the watches publish ``partition``'s objects (every one for a watcher alone)."""
+        return self.membership is None or self.membership.owns_partition(partition)
+
+    def publishing(self) -> frozenset[int]:
+        """The partitions this replica publishes, or is taking over."""
+        if self.membership is None:
+            return frozenset(range(subjects.partitions()))
+        return self.membership.owned | self.taking
+
+    def may_publish(self, subject: str) -> bool:
+        partition = translate.subject_partition(subject)
+        return partition is None or self.owns(partition) or partition in self.taking
+
+    def keep(
+        self,
+        name: str,
+        obj: dict[str, Any],
+        observation_kind: str,
+        subject: str,
+        partition: int,
+        *,
+        deleted: bool,
+    ) -> None:
+        """Remember the latest state of ``obj`` (or forget it, deleted), whatever its partition."""
+        objects = self.kept.setdefault(name, {})
+        key = (str_at(obj, "metadata", "namespace"), str_at(obj, "metadata", "name"))
+        if not subject or (deleted and partition not in self.taking):
+            objects.pop(key, None)
+        else:
+            kept = translate.kept(obj, observation_kind)
+            objects[key] = Kept(subject, partition, kept, next(self._versions), deleted=deleted)
+        KEPT.set(sum(len(o) for o in self.kept.values()))
+
+    def kept_in(self, partitions: Collection[int]) -> list[tuple[str, tuple[str, str], Kept]]:
+        """(watch, key, kept) of every object kept in ``partitions``."""
+        return [
+            (name, key, kept)
+            for name, objects in self.kept.items()
+            for key, kept in objects.items()
+            if kept.partition in partitions
+        ]
+
+    async def moved(self, previous: frozenset[int], current: frozenset[int]) -> None:
+        """This replica's share changed (:class:`Membership` calls this, one change at a time,
+        with the lost partitions already no longer owned and the gained ones not owned yet).
+
+        Lost: nothing more is published for them from now on, and what was held or remembered
+        of them is let go. Gained: :meth:`take`; the watches publish them once that is done."""
+        lost, gained = previous - current, current - previous
+        if lost:
+            self.publisher.forget_partitions(lost)
+            for uid, held in list(self.held.items()):
+                if translate.object_partition(held.obj, PodObservation.KIND) in lost:
+                    self.release(uid)
+        if not gained:
+            return
+        self.taking = gained
+        try:
+            await self.take(gained)
+        finally:
+            self.taking = frozenset()
+            for name, key, kept in self.kept_in(gained):
+                if kept.deleted:
+                    self.kept[name].pop(key, None)
+
+    async def take(self, gained: frozenset[int]) -> None:
+        """Take over ``gained``: publish the latest state of every object of theirs this replica
+        knows (its watches saw every change, published or not), then the tombstones of the
+        objects the stream holds but that no longer exist (:meth:`reconcile`, for these
+        partitions only), and again whatever changed meanwhile, until nothing has. Returns
+        with no pause after the last look, so the watches take over from there without a gap.
+
+        Publishing a state the previous owner published already costs nothing within the
+        stream's duplicate window (the message id is the object's version); after that, the
+        same state is stored again, and readers take it as the repeat it is.
+        """
+        started = time.monotonic()
+        self.publisher.forget_partitions(gained)
+        done: dict[tuple[str, tuple[str, str]], int] = {}
+        slots = asyncio.Semaphore(TAKEOVER_CONCURRENCY)
+        published = 0
+        reconciled = False
+
+        async def publish(name: str, key: tuple[str, str], kept: Kept) -> None:
+            async with slots:
+                await self.publish_kept(name, kept)
+            if kept.deleted and self.kept.get(name, {}).get(key) is kept:
+                del self.kept[name][key]
+
+        while True:
+            due = [(n, k, kept) for n, k, kept in self.kept_in(gained) if done.get((n, k)) != kept.version]
+            if not due:
+                if reconciled:
+                    break
+                await self.reconcile_partitions(gained)
+                reconciled = True
+                continue
+            for name, key, kept in due:
+                done[(name, key)] = kept.version
+            published += len(due)
+            await asyncio.gather(*(publish(name, key, kept) for name, key, kept in due))
+        log.info(
+            "took over partitions %s: %d objects in %.2fs",
+            ",".join(str(p) for p in sorted(gained)),
+            published,
+            time.monotonic() - started,
+        )
+
+    async def publish_kept(self, name: str, kept: Kept) -> None:
+        """Publish what is kept of one object, as its watch would have (whatever fails with it is
+        dead-lettered there, as always)."""
+        _, observation_kind, to_message = self.watched[name]
+        TAKEN_OVER.labels(kind=observation_kind).inc()
+        if observation_kind == PodObservation.KIND:
+            await self.handle_pod(kept.obj, deleted=kept.deleted)
+        else:
+            await self.handle(kept.obj, to_message, observation_kind, deleted=kept.deleted)
+
+    async def reconcile_partitions(self, partitions: frozenset[int]) -> None:
+        """:meth:`reconcile` every watch that has listed, for ``partitions`` only: a watch still
+        listing does so at the end of its list."""
+        for name, (ref, observation_kind, _) in list(self.watched.items()):
+            if name in self.listed:
+                await self.reconcile(name, ref, observation_kind, self.live.get(name, set()), partitions)
 
     async def resolve(self, api_version: str, kind: str) -> ResourceRef:
         backoff = Backoff(cap=10.0)
@@ -294,15 +496,23 @@ class Watcher:
         followed by tombstones (:meth:`reconcile`).
         """
         observation_kind = _OBSERVATION_KINDS[to_message]
+        self.watched[name] = (ref, observation_kind, to_message)
         # What an earlier follow knew: objects among them that the first list does not find were
         # deleted meanwhile (their stored observations get tombstones from the reconcile).
         before = self.live.get(name, set())
         live: set[str] = set()
         self.live[name] = live
+        self.listed.discard(name)
         first = True
         async for event in list_then_watch(self.kube, ref, **kw):
             if event.type == "SYNCED":
-                await self.reconcile(name, ref, observation_kind, live)
+                if first:
+                    # What the list did not find is gone: a takeover must not publish it.
+                    kept = self.kept.get(name, {})
+                    for key in [k for k, o in kept.items() if o.subject not in live and not o.deleted]:
+                        del kept[key]
+                    self.listed.add(name)
+                await self.reconcile(name, ref, observation_kind, live, self.publishing())
                 if first:
                     for subject in before - live:
                         self.publisher.forget(subject)
@@ -313,20 +523,46 @@ class Watcher:
                 self.synced[name] = True
                 self.wake.set()
                 continue
-            deleted = event.type == "DELETED"
-            obj = event.obj
-            obj.setdefault("apiVersion", ref.api_version)
-            obj.setdefault("kind", ref.kind)
-            subject = translate.object_subject(obj, observation_kind)
-            if deleted:
-                live.discard(subject)
-            elif subject:
-                live.add(subject)
-            if observation_kind == PodObservation.KIND:
+            await self.on_event(
+                name, event.obj, to_message, observation_kind, live, deleted=event.type == "DELETED"
+            )
+
+    async def on_event(
+        self,
+        name: str,
+        obj: dict[str, Any],
+        to_message: Translator,
+        observation_kind: str,
+        live: set[str],
+        *,
+        deleted: bool,
+    ) -> None:
+        """One object added, changed or deleted, as the watch ``name`` reported it."""
+        ref = self.watched[name][0]
+        obj.setdefault("apiVersion", ref.api_version)
+        obj.setdefault("kind", ref.kind)
+        subject = translate.object_subject(obj, observation_kind)
+        if deleted:
+            live.discard(subject)
+        elif subject:
+            live.add(subject)
+        # Every replica watches everything (a watch cannot be filtered by a hash of the
+        # AppWrapper's name: one watch per kind per replica is the cost), keeps the latest state
+        # of every object, and publishes (and attributes, holds, refuses) only what is in its
+        # partitions.
+        partition = translate.object_partition(obj, observation_kind)
+        self.keep(name, obj, observation_kind, subject, partition, deleted=deleted)
+        owned = self.owns(partition)
+        if observation_kind == PodObservation.KIND:
+            if owned:
                 await self.handle_pod(obj, deleted=deleted)
-                continue
-            self.learn(obj, observation_kind, deleted=deleted)
+            return
+        self.learn(obj, observation_kind, deleted=deleted)
+        if owned:
             await self.handle(obj, to_message, observation_kind, deleted=deleted)
+        if observation_kind == AppWrapperObservation.KIND and not deleted:
+            # Every replica watches the wrapped kinds in use, whoever publishes the AppWrapper.
+            self.discover(obj)
 
     async def handle(
         self, obj: dict[str, Any], to_message: Translator, observation_kind: str, *, deleted: bool
@@ -348,11 +584,12 @@ class Watcher:
             except Exception as exc:
                 log.exception("publishing %s failed unexpectedly", prepared.subject)
                 await self.refuse(observation_kind, _refused(prepared, obj, UNEXPECTED, repr(exc)))
-        if observation_kind == AppWrapperObservation.KIND and not deleted:
-            try:
-                self.discover_components(obj)
-            except Exception:  # the AppWrapper was published; its odd components must not stop the watch
-                log.exception("cannot read the components of %s", translate.identity(obj))
+
+    def discover(self, appwrapper: dict[str, Any]) -> None:
+        try:
+            self.discover_components(appwrapper)
+        except Exception:  # the AppWrapper was published; its odd components must not stop the watch
+            log.exception("cannot read the components of %s", translate.identity(appwrapper))
 
     # ------------------------------------------------------------------ pod attribution
 
@@ -466,6 +703,8 @@ class Watcher:
             for uid, held in list(self.held.items()):
                 if self.held.get(uid) is not held:
                     continue  # a newer state, or gone, meanwhile
+                if not self.owns(translate.object_partition(held.obj, PodObservation.KIND)):
+                    continue  # its partition is being taken over: published once that is done
                 try:
                     await self.retry_held(uid, held)
                 except asyncio.CancelledError:
@@ -590,15 +829,25 @@ class Watcher:
         except Exception as exc:
             log.warning("cannot tell %s/%s's owner with an Event: %r", who.namespace, who.name, exc)
 
-    async def reconcile(self, name: str, ref: ResourceRef, observation_kind: str, live: set[str]) -> None:
-        """Publish a tombstone for every object whose latest observation is stored but that the
-        (re)list did not find: it was deleted while no watcher was watching (the known objects
-        are in memory only), and without a tombstone its last state would stand for ever.
+    async def reconcile(
+        self,
+        name: str,
+        ref: ResourceRef,
+        observation_kind: str,
+        live: set[str],
+        partitions: Collection[int],
+    ) -> None:
+        """Publish a tombstone for every object of ``partitions`` whose latest observation is
+        stored but that the (re)list did not find: it was deleted while no watcher was watching
+        (the known objects are in memory only), and without a tombstone its last state would
+        stand for ever.
 
         Components are watched per kind, and their subjects name the kind only: the watch of one
         kind leaves alone the subjects of another (and of the same kind in another group, when
         two groups share a kind name, it reconciles none, as it cannot tell them apart).
         """
+        if not partitions:
+            return
         stream_filter = translate.observed_subject_filter(observation_kind)
         try:
             stored = await self.rt.bus.subjects(subjects.OBSERVATIONS_STREAM, stream_filter)
@@ -614,7 +863,9 @@ class Watcher:
         tombstoned -= {
             s for s in tombstoned if s not in stored and translate.subject_kind(s) == observation_kind
         }
-        missing = sorted(set(stored) - live - tombstoned)
+        missing = sorted(
+            s for s in set(stored) - live - tombstoned if translate.subject_partition(s) in partitions
+        )
         for subject in missing:
             tombstone = translate.tombstone_for_subject(subject, now=now())
             if tombstone is None or observation_kind != tombstone.KIND:
@@ -715,11 +966,22 @@ class Watcher:
         )
 
     async def run(self) -> None:
+        scaling = self.rt.config.scaling
+        self.membership = membership = Membership(
+            self.rt.bus,
+            "watcher",
+            partitions=subjects.partitions(),
+            heartbeat=scaling.heartbeat.total_seconds(),
+            ttl=scaling.member_ttl.total_seconds(),
+            on_change=self.moved,
+        )
         self.rt.add_check("watches-synced", self.ready)
+        self.rt.add_check("partitions-settled", lambda: membership.settled)
         pods = await self.resolve("v1", "Pod")
         nodes = await self.resolve("v1", "Node")
         appwrappers = await self.resolve(API_VERSION, KIND)
         self.tasks = [
+            asyncio.create_task(membership.run(), name="watcher-membership"),
             asyncio.create_task(
                 self.watch("pods", pods, translate.pod_observation, label_selector=APPWRAPPER_LABEL)
             ),
@@ -731,8 +993,12 @@ class Watcher:
         try:
             await asyncio.gather(*self.tasks)
         finally:
-            for task in [*self.tasks, *self.component_watches.values(), *self.lookups.values()]:
+            tasks = [*self.tasks, *self.component_watches.values(), *self.lookups.values()]
+            for task in tasks:
                 task.cancel()
+            # Wait for them: the membership's last act is to delete this replica's key, so that
+            # the others take its partitions over at once rather than after the member TTL.
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 APPWRAPPERS_WATCH = "appwrappers"

@@ -14,6 +14,7 @@ or nested deeper than :data:`MAX_BODY_DEPTH` is refused rather than sent.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -35,6 +36,7 @@ from shared.messages import (
     ObjectRef,
     PodObservation,
 )
+from shared.partitions import partition_of
 
 # Kinds whose status the watcher interprets (the others are observed for existence only).
 JOB = ("batch/v1", "Job")
@@ -567,3 +569,138 @@ def tombstone_for_subject(subject: str, *, now: datetime) -> Message | None:
         deleted=True,
         observed_at=now,
     )
+
+
+# ------------------------------------------------------------------ partitions, and what is kept
+
+
+@functools.lru_cache(maxsize=65536)
+def _partition(namespace: str, name: str, count: int) -> int:
+    # Every event of every pod asks: an AppWrapper's pods and components share one answer.
+    return partition_of(namespace, name, count)
+
+
+def object_partition(obj: Any, observation_kind: str) -> int:
+    """The partition (:mod:`shared.partitions`) the observation of raw ``obj`` belongs to: its
+    AppWrapper's for an AppWrapper, a component or a pod (the one its label names); for a node,
+    the partition of ``("", <node name>)``, so that nodes are split between the watcher replicas
+    over the same partitions as the AppWrappers and move with them. Never raises."""
+    namespace, name = str_at(obj, "metadata", "namespace"), str_at(obj, "metadata", "name")
+    if observation_kind == NodeObservation.KIND:
+        return _partition("", name, subjects.partitions())
+    if observation_kind == AppWrapperObservation.KIND:
+        return _partition(namespace, name, subjects.partitions())
+    label = str_at(obj, "metadata", "labels", APPWRAPPER_LABEL)
+    return _partition(namespace, label, subjects.partitions())
+
+
+def subject_partition(subject: str) -> int | None:
+    """The partition of the object whose observations are on ``subject``, as
+    :func:`object_partition` gives it; None for a subject that is not an observation's.
+
+    Worked out from the AppWrapper's name, not read from the subject's last token: a subject
+    stored under another partition count (``scaling.partitions`` changed) still has exactly one
+    replica that answers for it, and gets its tombstone once its object is gone."""
+    tokens = subject.removeprefix(subjects.OBS_PREFIX + ".").split(".")
+    if len(tokens) == 2 and tokens[0] == "node":
+        return _partition("", subjects.untoken(tokens[1]), subjects.partitions())
+    if len(tokens) == 6 and tokens[0] == "aw":
+        return _partition(subjects.untoken(tokens[1]), subjects.untoken(tokens[2]), subjects.partitions())
+    return None
+
+
+_KEPT_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "ownerReferences",
+    "creationTimestamp",
+    "deletionTimestamp",
+)
+
+
+def _kept_metadata(meta: Mapping[str, Any], *, labels: tuple[str, ...] | None) -> dict[str, Any]:
+    """``meta`` cut down to what translation, attribution and a refusal read; of the labels only
+    ``labels`` (None: all of them)."""
+    out = {k: meta[k] for k in _KEPT_METADATA if k in meta}
+    if "labels" in meta:
+        found = meta["labels"]
+        out["labels"] = (
+            {k: found[k] for k in labels if k in found}
+            if labels is not None and isinstance(found, Mapping)
+            else found
+        )
+    return out
+
+
+def _kept_pod(obj: dict[str, Any]) -> dict[str, Any]:
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    if not isinstance(spec, Mapping) or not isinstance(status, Mapping):
+        raise TypeError("not a pod")
+    kept_spec: dict[str, Any] = {k: spec[k] for k in ("nodeName",) if k in spec}
+    for key in ("containers", "initContainers"):
+        if key in spec:
+            containers = spec[key] or []
+            if not isinstance(containers, list) or not all(isinstance(c, Mapping) for c in containers):
+                raise TypeError("not a pod")
+            # Of a container only what it asks for: the observation names its extended resources.
+            kept_spec[key] = [{k: c[k] for k in ("resources",) if k in c} for c in containers]
+    read = ("phase", "conditions", "containerStatuses", "initContainerStatuses")
+    kept_status = {k: status[k] for k in read if k in status}
+    return {"spec": kept_spec, "status": kept_status}
+
+
+def _kept_component(obj: dict[str, Any]) -> dict[str, Any]:
+    status = obj.get("status")
+    if not isinstance(status, Mapping):
+        return {"status": status} if "status" in obj else {}
+    # Only the kinds whose status is interpreted, and of it only the conditions.
+    interpreted = (obj.get("apiVersion"), obj.get("kind")) in (JOB, PYTORCHJOB)
+    return {"status": {k: status[k] for k in ("conditions",) if k in status} if interpreted else {}}
+
+
+def _kept_node(obj: dict[str, Any]) -> dict[str, Any]:
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    if not isinstance(spec, Mapping) or not isinstance(status, Mapping):
+        raise TypeError("not a node")
+    conditions = status.get("conditions") or []
+    if not isinstance(conditions, list) or not all(isinstance(c, Mapping) for c in conditions):
+        raise TypeError("not a node")
+    return {
+        "spec": {k: spec[k] for k in ("taints", "unschedulable") if k in spec},
+        "status": {"conditions": [c for c in conditions if c.get("type") == "Ready"]},
+    }
+
+
+def kept(obj: dict[str, Any], observation_kind: str) -> dict[str, Any]:
+    """What the watcher keeps of the latest state of an object, to publish its observation when
+    it takes over the object's partition: the object cut down to what :func:`prepare`, pod
+    attribution (:func:`shared.ownership.controller_link`) and a refusal (:func:`identity`) read
+    of it, so that each gives the same answer for what is kept as for the whole object (a pod's
+    ``managedFields``, environment and volumes would cost a replica that keeps every pod in the
+    cluster hundreds of megabytes). Pure, never raises: an object too odd to cut down (a field of
+    an unexpected type) is kept whole, and fails or not as it does."""
+    try:
+        meta = obj.get("metadata") or {}
+        if not isinstance(meta, Mapping):
+            return obj
+        if observation_kind == AppWrapperObservation.KIND:
+            # The observation's own body is what its readers use; translating it again gives
+            # the same body.
+            return appwrapper_body(obj)
+        out: dict[str, Any] = {k: obj[k] for k in ("apiVersion", "kind") if k in obj}
+        if observation_kind == PodObservation.KIND:
+            out["metadata"] = _kept_metadata(meta, labels=(APPWRAPPER_LABEL,))
+            out.update(_kept_pod(obj))
+        elif observation_kind == ComponentObservation.KIND:
+            out["metadata"] = _kept_metadata(meta, labels=(APPWRAPPER_LABEL,))
+            out.update(_kept_component(obj))
+        elif observation_kind == NodeObservation.KIND:
+            out["metadata"] = _kept_metadata(meta, labels=None)
+            out.update(_kept_node(obj))
+        else:
+            return obj
+        return out
+    except Exception:  # whatever a user's object makes the cutting do: keep it as it is
+        return obj

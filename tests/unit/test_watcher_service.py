@@ -7,8 +7,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from services.watcher import service
+from services.watcher import service, translate
+from shared import subjects
+from shared.appwrapper.constants import APPWRAPPER_LABEL
+from shared.bus.membership import Membership
 from shared.config import OperatorConfig
+from shared.kube import ResourceRef
+from shared.messages import AppWrapperObservation, NodeObservation, PodObservation
 from shared.runtime import Runtime
 
 
@@ -81,3 +86,123 @@ def test_a_watch_is_not_asked_again_while_its_list_is_under_way() -> None:
     assert w.restore_discarded(2, 5, now=0.0) == 1 and relist.is_set()
     relist.clear()
     assert w.restore_discarded(2, 5, now=1000.0) == 0 and not relist.is_set()
+
+
+# ------------------------------------------------------------------ replicas and their partitions
+
+
+def replica(owned: frozenset[int]) -> service.Watcher:
+    """A watcher in a group, owning ``owned`` (set by hand: its membership never runs here)."""
+    w = watcher()
+    w.membership = Membership(
+        w.rt.bus, "watcher", partitions=subjects.partitions(), heartbeat=1.0, ttl=5.0, on_change=w.moved
+    )
+    w.membership.owned = owned
+    for name, ref, kind, to_message in (
+        ("pods", ResourceRef("", "v1", "pods", "Pod", True), PodObservation.KIND, translate.pod_observation),
+        (
+            "nodes",
+            ResourceRef("", "v1", "nodes", "Node", False),
+            NodeObservation.KIND,
+            translate.node_observation,
+        ),
+        (
+            "appwrappers",
+            ResourceRef("workload.codeflare.dev", "v1beta2", "appwrappers", "AppWrapper", True),
+            AppWrapperObservation.KIND,
+            translate.appwrapper_observation,
+        ),
+    ):
+        w.watched[name] = (ref, kind, to_message)
+    return w
+
+
+async def event(
+    w: service.Watcher, watch: str, obj: dict[str, Any], live: set[str], *, deleted: bool = False
+) -> None:
+    """An event of ``watch`` (one of those :func:`replica` sets up) for ``obj``."""
+    _, kind, to_message = w.watched[watch]
+    await w.on_event(watch, obj, to_message, kind, live, deleted=deleted)
+
+
+def labelled_pod(namespace: str, aw: str, name: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "namespace": namespace,
+            "name": name,
+            "uid": f"uid-{name}",
+            "labels": {APPWRAPPER_LABEL: aw},
+            "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "job-uid", "controller": True}
+            ],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+def appwrapper_in(partition: int) -> str:
+    """The name of an AppWrapper in namespace "ns" that is in ``partition``."""
+    return next(
+        name for name in (f"aw-{i}" for i in range(10_000)) if subjects.partition("ns", name) == partition
+    )
+
+
+async def test_a_replica_keeps_the_objects_of_partitions_it_does_not_own_and_publishes_none_of_them() -> None:
+    # The watcher's bus and Kubernetes client fail the test if used: nothing is published,
+    # attributed, looked up or refused for a partition this replica does not own.
+    w = replica(frozenset())
+    aw = appwrapper_in(3)
+    live: set[str] = set()
+    await event(w, "appwrappers", {"metadata": {"namespace": "ns", "name": aw, "uid": "u"}}, live)
+    await event(w, "pods", labelled_pod("ns", aw, "p"), live)
+    await event(w, "nodes", {"metadata": {"name": "n1"}}, live)
+    pod_subject = subjects.appwrapper_obs("ns", aw, "pod", "p")
+    assert live == {pod_subject, subjects.appwrapper_obs("ns", aw, "appwrapper", aw), subjects.node_obs("n1")}
+    assert not w.held and not w.publisher.last
+    # What it keeps: every object, with what a takeover needs of it.
+    kept = {k.subject: k for _, _, k in w.kept_in(range(subjects.partitions()))}
+    assert set(kept) == live
+    assert kept[pod_subject].partition == 3 and kept[pod_subject].obj["status"] == {"phase": "Running"}
+    assert kept[subjects.node_obs("n1")].partition == subjects.partition("", "n1")
+    # Learned all the same: once its partition is taken over, the pod's chain is known this far.
+    assert w.appwrapper_uids[("ns", aw)] == "u"
+
+    # A delete is forgotten, unless the partition is being taken over: its tombstone is then the
+    # takeover's to publish.
+    await event(w, "pods", labelled_pod("ns", aw, "p"), live, deleted=True)
+    assert pod_subject not in {k.subject for _, _, k in w.kept_in({3})}
+    await event(w, "pods", labelled_pod("ns", aw, "q"), live)
+    w.taking = frozenset({3})
+    await event(w, "pods", labelled_pod("ns", aw, "q"), live, deleted=True)
+    [(_, _, marker)] = [entry for entry in w.kept_in({3}) if entry[0] == "pods"]
+    assert marker.deleted and marker.subject == subjects.appwrapper_obs("ns", aw, "pod", "q")
+
+
+async def test_a_replica_that_loses_a_partition_lets_go_of_what_it_held_and_published_of_it() -> None:
+    kept, lost = appwrapper_in(1), appwrapper_in(2)
+    w = replica(frozenset({1, 2}))
+    publisher = w.publisher
+    for aw in (kept, lost):
+        for kind, name in (("pod", "p"), ("appwrapper", aw)):
+            subject = subjects.appwrapper_obs("ns", aw, kind, name)
+            publisher.last[subject], publisher.seqs[subject] = "fp", 7
+        publisher.tombstoned.add(subjects.appwrapper_obs("ns", aw, "pod", "gone"))
+        publisher.restore[subjects.appwrapper_obs("ns", aw, "pod", "p")] = 3
+        w.held[f"uid-{aw}"] = service.Held(labelled_pod("ns", aw, f"held-{aw}"), since=0.0)
+    tables = (publisher.last, publisher.seqs, publisher.restore, publisher.tombstoned)
+
+    w.membership.owned = frozenset({1})  # as Membership does before it calls on_change
+    await w.moved(frozenset({1, 2}), frozenset({1}))
+    for table in tables:
+        assert table and all(translate.subject_partition(s) == 1 for s in table)
+    assert list(w.held) == [f"uid-{kept}"]
+    # Nothing of partition 2 is published any more, not even a publish waiting out NATS.
+    assert not w.may_publish(subjects.appwrapper_obs("ns", lost, "pod", "p"))
+    assert w.may_publish(subjects.appwrapper_obs("ns", kept, "pod", "p"))
+    assert w.publishing() == {1}
+
+
+def test_a_watcher_alone_publishes_every_partition() -> None:
+    w = watcher()
+    assert w.publishing() == set(range(subjects.partitions()))
+    assert all(w.owns(p) for p in range(subjects.partitions()))

@@ -4,6 +4,7 @@ refused with a reason (docs/messages.md, "observation.appwrapper")."""
 
 from __future__ import annotations
 
+import copy
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,6 +24,7 @@ from shared.messages import (
     PodObservation,
     decode,
 )
+from shared.ownership import controller_link
 
 NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 AW = AppWrapperObservation.KIND
@@ -364,3 +366,236 @@ def test_the_subject_of_a_raw_object_is_that_of_its_observation(to_message: Any,
     prepared = translate.prepare(to_message, obj, observation_kind=kind, deleted=False, now=NOW)
     assert isinstance(prepared, translate.Prepared)
     assert translate.object_subject(obj, kind) == prepared.subject
+
+
+# ------------------------------------------------------------------ what a replica keeps of an object
+
+
+def pod(**status: Any) -> dict[str, Any]:
+    """A pod as the API server returns it, managedFields, environment and volumes included."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "aw-job-x7k2p",
+            "namespace": "ns",
+            "uid": "pu",
+            "resourceVersion": "41",
+            "generateName": "aw-job-",
+            "labels": {APPWRAPPER_LABEL: "aw", "batch.kubernetes.io/job-name": "aw-job"},
+            "annotations": {"sim.respawn.dev/fail-after": "1s"},
+            "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": "aw-job", "uid": "ju", "controller": True}
+            ],
+            "creationTimestamp": "2025-01-01T00:00:00Z",
+            "managedFields": [{"manager": "kube-controller-manager", "fieldsV1": nested(20)}],
+        },
+        "spec": {
+            "nodeName": "kwok-node-1",
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "busybox",
+                    "env": [{"name": f"E{i}", "value": "v" * 100} for i in range(20)],
+                    "resources": {"limits": {"nvidia.com/gpu": "8"}, "requests": {"cpu": "1"}},
+                }
+            ],
+            "initContainers": [{"name": "i", "image": "busybox"}],
+            "volumes": [{"name": f"v{i}", "emptyDir": {}} for i in range(10)],
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+            "containerStatuses": [
+                {"name": "c", "ready": True, "restartCount": 2, "state": {"running": {"startedAt": "x"}}}
+            ],
+            "initContainerStatuses": [
+                {
+                    "name": "i",
+                    "state": {"terminated": {"exitCode": 0, "finishedAt": "2025-01-01T00:00:05Z"}},
+                }
+            ],
+            **status,
+        },
+    }
+
+
+def node() -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": "kwok-node-1",
+            "resourceVersion": "9",
+            "labels": {"type": "kwok", "autopilot.ibm.com/gpuhealth": "EVICT"},
+            "managedFields": [{"manager": "kwok", "fieldsV1": nested(20)}],
+        },
+        "spec": {"taints": [{"key": "k", "value": "v", "effect": "NoSchedule"}], "unschedulable": True},
+        "status": {
+            "conditions": [
+                {"type": "MemoryPressure", "status": "False"},
+                {"type": "Ready", "status": "True"},
+            ],
+            "images": [{"names": [f"image-{i}"], "sizeBytes": i} for i in range(50)],
+        },
+    }
+
+
+def component_job(**status: Any) -> dict[str, Any]:
+    obj = job("aw-job", parallelism=2)
+    obj["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "E", "value": "v" * 1000}]
+    obj["metadata"].update(
+        namespace="ns",
+        uid="ju",
+        resourceVersion="5",
+        labels={APPWRAPPER_LABEL: "aw"},
+        ownerReferences=[
+            {"apiVersion": "workload.codeflare.dev/v1beta2", "kind": "AppWrapper", "name": "aw", "uid": "u1"}
+        ],
+        managedFields=[{"manager": "kube-controller-manager", "fieldsV1": nested(20)}],
+    )
+    obj["status"] = {
+        "conditions": [
+            {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "m"}
+        ],
+        "failed": 1,
+        **status,
+    }
+    return obj
+
+
+TRANSLATORS = {
+    AW: translate.appwrapper_observation,
+    PodObservation.KIND: translate.pod_observation,
+    ComponentObservation.KIND: translate.component_observation,
+    NodeObservation.KIND: translate.node_observation,
+}
+
+
+def same_outcome(obj: Any, kind: str) -> None:
+    """What the watcher would publish (or refuse) from what it keeps of ``obj`` is what it would
+    from ``obj``: same subject, same content (fingerprint), same message id, same reason."""
+    for deleted in (False, True):
+        whole, kept = (
+            translate.prepare(TRANSLATORS[kind], o, observation_kind=kind, deleted=deleted, now=NOW)
+            for o in (obj, translate.kept(obj, kind))
+        )
+        if isinstance(whole, translate.Prepared):
+            assert isinstance(kept, translate.Prepared)
+            assert (kept.subject, kept.fingerprint, kept.msg_id) == (
+                whole.subject,
+                whole.fingerprint,
+                whole.msg_id,
+            )
+        elif isinstance(whole, translate.Refused):
+            assert isinstance(kept, translate.Refused)
+            assert (kept.reason, kept.subject, kept.identity) == (whole.reason, whole.subject, whole.identity)
+        else:
+            assert kept is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "obj"),
+    [
+        (PodObservation.KIND, pod()),
+        (
+            PodObservation.KIND,
+            pod(phase="Failed", containerStatuses=[{"name": "c", "state": {"terminated": {}}}]),
+        ),
+        (NodeObservation.KIND, node()),
+        (ComponentObservation.KIND, component_job()),
+        (AW, appwrapper(job(), status={"phase": "Running", "conditions": [{"type": "Unhealthy"}]})),
+        (AW, appwrapper(job(x=nested(300)))),
+    ],
+)
+def test_what_a_replica_keeps_of_an_object_publishes_as_the_object_does_at_a_fraction_of_its_size(
+    kind: str, obj: dict[str, Any]
+) -> None:
+    same_outcome(obj, kind)
+    kept = translate.kept(obj, kind)
+    assert "managedFields" not in kept["metadata"]
+    if kind == AW:
+        # An AppWrapper's observation carries its slim body: that is what is kept.
+        assert kept == translate.appwrapper_body(obj)
+    else:
+        assert len(repr(kept)) < len(repr(obj)) / 2
+    # Attribution and refusals read the same of it.
+    assert translate.identity(kept) == translate.identity(obj)
+    assert controller_link(kept) == controller_link(obj)
+    assert translate.object_subject(kept, kind) == translate.object_subject(obj, kind)
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(obj=appwrapper_like())
+def test_what_is_kept_of_any_appwrapper_like_object_publishes_or_is_refused_as_the_object(
+    obj: dict[str, Any],
+) -> None:
+    same_outcome(obj, AW)
+
+
+@st.composite
+def odd(draw: st.DrawFn, base: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with one of its fields at any depth replaced by anything at all."""
+    obj: Any = copy.deepcopy(base)
+    paths = [("metadata",), ("spec",), ("status",)]
+    for top in ("metadata", "spec", "status"):
+        paths += [(top, key) for key in obj.get(top, {})]
+    path = draw(st.sampled_from(paths))
+    parent = obj
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = draw(anything)
+    return dict(obj)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(
+    case=st.sampled_from([(PodObservation.KIND, pod()), (NodeObservation.KIND, node())])
+    | st.just((ComponentObservation.KIND, component_job())),
+    data=st.data(),
+)
+def test_what_is_kept_of_any_odd_pod_node_or_component_publishes_or_is_refused_as_the_object(
+    case: tuple[str, dict[str, Any]], data: st.DataObject
+) -> None:
+    kind, base = case
+    same_outcome(data.draw(odd(base)), kind)
+
+
+@given(namespace=names, aw=names, name=names)
+def test_the_partition_of_an_object_is_that_of_its_subject_and_its_appwrapper(
+    namespace: str, aw: str, name: str
+) -> None:
+    labels = {APPWRAPPER_LABEL: aw}
+    objects = {
+        AW: {"metadata": {"namespace": namespace, "name": aw}},
+        PodObservation.KIND: {
+            "kind": "Pod",
+            "metadata": {"namespace": namespace, "name": name, "labels": labels},
+        },
+        ComponentObservation.KIND: {
+            "kind": "Job",
+            "metadata": {"namespace": namespace, "name": name, "labels": labels},
+        },
+    }
+    for kind, obj in objects.items():
+        partition = translate.object_partition(obj, kind)
+        assert partition == subjects.partition(namespace, aw)
+        subject = translate.object_subject(obj, kind)
+        if subject:
+            assert translate.subject_partition(subject) == partition == int(subject.rsplit(".", 1)[1])
+    # Nodes are split over the same partitions, by their name alone.
+    node_partition = translate.object_partition({"metadata": {"name": name}}, NodeObservation.KIND)
+    assert node_partition == subjects.partition("", name)
+    if name:
+        assert translate.subject_partition(subjects.node_obs(name)) == node_partition
+    assert translate.subject_partition("respawn.obs.v1.filler.f1") is None
+
+
+def test_a_subject_stored_under_another_partition_count_belongs_to_its_appwrappers_partition_now() -> None:
+    subject = subjects.appwrapper_obs("ns", "aw", "pod", "p")
+    stale = subject.rsplit(".", 1)[0] + f".{subjects.partitions() + 3}"
+    assert translate.subject_partition(stale) == subjects.partition("ns", "aw")
