@@ -7,9 +7,17 @@ the last verdict stored for each resource and publishes the resources that diffe
 recovered while no autopilot was running is cleared then. From there on, every observation that
 moves a node between sets publishes the complete sets of that resource.
 
-Replicas de-duplicate through JetStream's ``Nats-Msg-Id``: the id names the resource, the
-observation that caused the change (its stream sequence, the same for every replica) and a
-digest of the sets. The cause is part of the id because sets can return to an earlier value
+Replicas are active/standby (docs/autopilot.md, "Replicas"): they join the group ``autopilot`` of
+:class:`~shared.bus.membership.Membership` with one partition, and the replica that owns it
+publishes. The others replay the node observations and follow the node verdicts as the active one
+does, so their state is warm, and publish nothing; the one that takes the partition over (its
+owner died or left) compares what it knows with the last verdicts stored and publishes what
+differs at once.
+
+Verdicts carry a JetStream ``Nats-Msg-Id`` (so that two replicas that both believe they are
+active, for the moment a partition takes to move, store each change once): the id names the
+resource, the observation that caused the change (its stream sequence, the same for every replica)
+and a digest of the sets. The cause is part of the id because sets can return to an earlier value
 (a node goes bad, recovers, goes bad again within the duplicate window); an id made of the sets
 alone would have JetStream drop the third verdict as a repeat of the first.
 """
@@ -29,6 +37,7 @@ from datetime import datetime
 from services.autopilot.nodes import NodeHealthState, ResourceNodes, apply, verdicts
 from shared import metrics, subjects
 from shared.bus import Delivery, Replay, TransientError, replay_consumer_name, until_done
+from shared.bus.membership import Membership
 from shared.kubetime import as_utc, utcnow
 from shared.messages import NodeObservation, NodeVerdict
 from shared.runtime import Runtime, entry
@@ -149,7 +158,9 @@ class AutopilotService:
         self.taints: ResourceTaints = rt.config.autopilot.resource_taints
         self.monitor = rt.config.autopilot.monitor_nodes
         self.state = NodeHealthState()
+        # The last verdict stored for each resource, whoever published it, and its stream sequence.
         self.published: dict[str, NodeVerdict] = {}
+        self.published_seq: dict[str, int] = {}
         self.nodes: set[str] = set()
         self.caught_up = False
         self.last_seq = 0
@@ -157,6 +168,62 @@ class AutopilotService:
         self.durable = consumer_name(instance_name())
         # The replay of the node observations (None until run() starts it, or when not monitoring).
         self.consumer: Replay[NodeObservation] | None = None
+        # The replay of the node verdicts, followed for as long as the replica runs.
+        self.verdicts: Replay[NodeVerdict] | None = None
+        scaling = rt.config.scaling
+        # Active/standby: the replica that owns the group's one partition publishes.
+        self.membership = Membership(
+            rt.bus,
+            "autopilot",
+            partitions=1,
+            heartbeat=scaling.heartbeat.total_seconds(),
+            ttl=scaling.member_ttl.total_seconds(),
+            on_change=self.moved,
+        )
+        # Set once this replica knows whether it is the active one (its first share is taken).
+        self.share_known = asyncio.Event()
+
+    # ------------------------------------------------------------------ active or standby
+
+    def active(self) -> bool:
+        """Whether this replica publishes: it owns the group's partition."""
+        return self.membership.owns_partition(0)
+
+    def ready(self) -> bool:
+        """Replayed, and knows its part: the active one has published what was due."""
+        return self.caught_up and self.membership.settled
+
+    async def moved(self, previous: frozenset[int], current: frozenset[int]) -> None:
+        """This replica's part changed (:class:`Membership` calls this, one change at a time).
+
+        Becoming active once replayed (the active one died or left): publish every resource whose
+        sets differ from the last stored verdict, as at start-up; the standby followed both
+        streams, so this is at once. Until it is done the partition does not count as owned, so
+        nothing else publishes meanwhile; a failed publish is tried again until it succeeds.
+        Becoming standby: :meth:`active` is false from now on.
+        """
+        if 0 in current - previous:
+            await until_done("publishing the node verdicts on becoming active", self.take_over)
+        self.share_known.set()
+
+    async def take_over(self) -> None:
+        async with self.lock:
+            if not self.caught_up:
+                return  # the end of the replay publishes what is due (finish_replay)
+            resources = {*self.taints, *self.state.by_resource, *self.published}
+            for resource in sorted(resources):
+                before = sets_of(self.published.get(resource))
+                for change in node_changes(resource, before, self.state.nodes(resource)):
+                    log.info("%s (since the last verdict, on becoming active)", change.describe())
+            await self.publish(self.state, resources, f"takeover-{self.last_seq}", utcnow())
+            log.info("active: publishing the node verdicts")
+
+    async def on_verdict(self, verdict: NodeVerdict, delivery: Delivery) -> None:
+        """A node verdict stored, this replica's own or the active one's: the last one per
+        resource is what the next change is compared with."""
+        if delivery.stream_seq > self.published_seq.get(verdict.resource, 0):
+            self.published[verdict.resource] = verdict
+            self.published_seq[verdict.resource] = delivery.stream_seq
 
     # ------------------------------------------------------------------ publishing
 
@@ -171,11 +238,14 @@ class AutopilotService:
         for verdict in due_verdicts(state, self.published, resources, now):
             subject = subjects.node_verdict(verdict.resource)
             try:
-                await self.rt.bus.publish(subject, verdict, msg_id=verdict_msg_id(verdict, cause))
+                stored = await self.rt.bus.publish(subject, verdict, msg_id=verdict_msg_id(verdict, cause))
             except Exception as exc:
                 raise TransientError(f"publishing the {verdict.resource} node verdict failed: {exc}") from exc
             PUBLISHED.labels(resource=verdict.resource).inc()
             self.published[verdict.resource] = verdict
+            self.published_seq[verdict.resource] = max(
+                self.published_seq.get(verdict.resource, 0), stored.seq
+            )
             log.info(
                 "%s nodes: NoExecute %s, NoSchedule %s, PreferNoSchedule %s",
                 verdict.resource,
@@ -196,7 +266,7 @@ class AutopilotService:
         async with self.lock:
             before = self.state
             after, changed = apply(before, observation, self.taints)
-            if self.caught_up and changed:
+            if self.caught_up and changed and self.active():
                 # Publish before keeping the new state: if publishing fails the observation is
                 # redelivered, found to change the same sets again, and published with the same id.
                 await self.publish(after, changed, f"obs-{delivery.stream_seq}", utcnow())
@@ -214,47 +284,28 @@ class AutopilotService:
 
     # ------------------------------------------------------------------ start-up
 
-    async def stored_verdicts(self) -> dict[str, NodeVerdict]:
-        """The last verdict stored for every resource, read from the node-verdict stream."""
-        found: dict[str, NodeVerdict] = {}
-
-        async def keep(verdict: NodeVerdict, delivery: Delivery) -> None:
-            found[verdict.resource] = verdict
-
-        await self.rt.bus.replay(
-            subjects.NODE_VERDICTS_STREAM,
-            f"{self.durable}-verdicts",
-            subjects.node_verdict_filter(),
-            NodeVerdict,
-            keep,
-            last_per_subject=True,
-            follow=False,
-        )
-        return found
-
     async def catch_up(self) -> None:
-        """The replay is complete: publish every resource whose sets differ from what is stored.
+        """The replays are complete: the active replica publishes every resource whose sets
+        differ from what is stored; a standby publishes nothing.
 
         Also covers resources no longer configured: their stored sets are cleared. Runs under
         the lock; ``caught_up`` is set only once everything due was published.
         """
         if self.caught_up:
             return
-        try:
-            stored = await self.stored_verdicts()
-        except Exception as exc:
-            raise TransientError(f"reading the stored node verdicts failed: {exc}") from exc
-        self.published = stored
-        resources = {*self.taints, *self.state.by_resource, *stored}
-        for resource in sorted(resources):
-            for change in node_changes(resource, sets_of(stored.get(resource)), self.state.nodes(resource)):
-                log.info("%s (since the last verdict)", change.describe())
-        await self.publish(self.state, resources, f"start-{self.last_seq}", utcnow())
+        resources = {*self.taints, *self.state.by_resource, *self.published}
+        if self.active():
+            for resource in sorted(resources):
+                before = sets_of(self.published.get(resource))
+                for change in node_changes(resource, before, self.state.nodes(resource)):
+                    log.info("%s (since the last verdict)", change.describe())
+            await self.publish(self.state, resources, f"start-{self.last_seq}", utcnow())
         self.caught_up = True
         self.update_gauges()
         log.info(
-            "replayed %d nodes; %s",
+            "replayed %d nodes (%s); %s",
             len(self.nodes),
+            "active" if self.active() else "standby",
             ", ".join(
                 f"{r}: {len(self.state.nodes(r).no_execute)} NoExecute, "
                 f"{len(self.state.nodes(r).no_schedule)} NoSchedule, "
@@ -265,17 +316,33 @@ class AutopilotService:
         )
 
     async def finish_replay(self) -> None:
-        """The replay is complete (or there is none): catch up, under the lock.
+        """The replay is complete (or there is none): once the node verdicts are replayed too and
+        this replica knows whether it is the active one, catch up, under the lock.
 
         The replay calls this once it has caught up and retries it until it succeeds (see
         ``Bus.replay``); without a replay, run() retries it the same way.
         """
+        if self.verdicts is not None:
+            await self.verdicts.wait_caught_up()
+        await self.share_known.wait()
         async with self.lock:
             await self.catch_up()
 
     async def run(self) -> None:
-        self.rt.add_check("replayed", lambda: self.caught_up)
+        self.rt.add_check("replayed", self.ready)
+        membership = asyncio.create_task(self.membership.run(), name="autopilot-membership")
         try:
+            # The last stored verdict of every resource, and every one stored from then on: the
+            # active replica's own, and, while standby, the active one's.
+            self.verdicts = await self.rt.bus.replay(
+                subjects.NODE_VERDICTS_STREAM,
+                f"{self.durable}-verdicts",
+                subjects.node_verdict_filter(),
+                NodeVerdict,
+                self.on_verdict,
+                last_per_subject=True,
+                inactive_threshold=CONSUMER_INACTIVE_THRESHOLD,
+            )
             if self.monitor:
                 self.consumer = await self.rt.bus.replay(
                     subjects.OBSERVATIONS_STREAM,
@@ -295,12 +362,16 @@ class AutopilotService:
                 await asyncio.Event().wait()
         finally:
             await self.remove_consumer()
+            # Its last act is to delete this replica's key: a standby takes over at once.
+            membership.cancel()
+            await asyncio.gather(membership, return_exceptions=True)
 
     async def remove_consumer(self) -> None:
-        """Delete this run's consumer at once rather than leaving it to the inactivity timeout."""
-        consumer, self.consumer = self.consumer, None
-        if consumer is not None:
-            await consumer.stop(grace=2.0)
+        """Delete this run's consumers at once rather than leaving them to the inactivity timeout."""
+        for replay in (self.consumer, self.verdicts):
+            if replay is not None:
+                await replay.stop(grace=2.0)
+        self.consumer = self.verdicts = None
 
 
 async def main(rt: Runtime) -> None:
