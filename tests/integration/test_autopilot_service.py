@@ -8,6 +8,7 @@ these tests only assert on the node they label, and always remove the label afte
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,10 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from respawn.testbed import sim
 from respawn.testbed.modes import Endpoints
+from respawn.testbed.nats import NatsServer
 from respawn.testbed.services import ServiceProcess
 from shared import subjects
 from shared.messages import NodeObservation, NodeVerdict
-from tests.integration.conftest import ServiceFactory
+from tests.integration.conftest import ServiceFactory, services_on
 from tests.integration.observe import Observer
 from tests.waiting import until
 
@@ -186,3 +188,62 @@ async def test_replicas_store_each_change_once(
         )
         after = (await js.stream_info(NODE_VERDICTS)).state.last_seq
         assert after - before == 1, f"{after - before} verdicts stored for one change"
+
+
+# Short, so that a failover is quick to wait for; the heartbeat well within it.
+FAILOVER_ENV = {"RESPAWN_SCALING_HEARTBEAT": "200ms", "RESPAWN_SCALING_MEMBER_TTL": "2s"}
+MEMBER_TTL = 2.0
+
+
+def counter(sp: ServiceProcess, name: str, **labels: str) -> float:
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(sp.metrics())
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+async def test_one_replica_publishes_and_the_standby_takes_over_when_it_is_killed(
+    testbed: Endpoints, appwrapper_crd: Path, node: str, own_nats: NatsServer, tmp_path: Path
+) -> None:
+    # A nats-server of their own: no other test's autopilot is in their group.
+    kc = testbed.kubeconfig
+    with services_on(kc, own_nats.url, tmp_path / "logs") as start:
+        start("watcher")
+        replicas = {
+            m: start("autopilot", instance=m, env={**FAILOVER_ENV, "RESPAWN_INSTANCE": f"autopilot-{m}"})
+            for m in ("a", "b")
+        }
+
+        def active() -> list[str]:
+            return [
+                m for m, sp in replicas.items() if counter(sp, "respawn_partitions_owned", group="autopilot")
+            ]
+
+        [leader] = await until("one replica to be active", active, done=lambda found: len(found) == 1)
+        [standby] = [m for m in replicas if m != leader]
+        published = {m: counter(sp, "respawn_autopilot_node_verdicts_total") for m, sp in replicas.items()}
+        async with Observer(own_nats.url) as obs:
+            await label(obs, kc, node, "EVICT")
+            await obs.wait_last(NODE_VERDICTS, VERDICT, NodeVerdict, is_(node, "NoExecute"))
+            # The standby judged it too (its state is warm), and published nothing.
+            await until(
+                "the standby to count the node",
+                lambda: gauge(replicas[standby], "NoExecute"),
+                done=lambda count: count >= 1,
+            )
+            assert counter(replicas[standby], "respawn_autopilot_node_verdicts_total") == published[standby]
+            assert counter(replicas[leader], "respawn_autopilot_node_verdicts_total") == published[leader] + 1
+
+            # The active one killed, the node moves while nobody publishes: the standby, once the
+            # member TTL has passed, takes over and publishes it.
+            killed = time.monotonic()
+            replicas[leader].kill()
+            await label(obs, kc, node, "TESTING")  # NoSchedule in the default configuration
+            moved = await obs.wait_last(NODE_VERDICTS, VERDICT, NodeVerdict, is_(node, "NoSchedule"))
+            failover = time.monotonic() - killed
+            assert failover < MEMBER_TTL + 3, f"judged {failover:.1f}s after the kill"
+            assert effect_of(moved, node) == "NoSchedule"
+            assert counter(replicas[standby], "respawn_autopilot_node_verdicts_total") > published[standby]
+            assert counter(replicas[standby], "respawn_partitions_owned", group="autopilot") == 1
