@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -271,15 +272,30 @@ class Kept:
     """The latest state of one object as its watch gave it (cut down: :func:`translate.kept`),
     whatever its partition: what this replica publishes if it takes the partition over.
 
-    ``version`` grows with every event of any object, so a takeover can tell what changed while
-    it published; ``deleted``: the object was deleted while its partition was being taken over,
-    and its tombstone is the takeover's to publish."""
+    Kept as compact JSON: a replica keeps every pod of the cluster, and a pod cut down to what
+    its observation reads is still some 30 small dicts (6 KB), its JSON under 1 KB; the
+    takeover decodes it again. ``version`` grows with every event of any object, so a takeover
+    can tell what changed while it published; ``deleted``: the object was deleted while its
+    partition was being taken over, and its tombstone is the takeover's to publish."""
 
     subject: str
     partition: int
-    obj: dict[str, Any]
+    data: bytes | dict[str, Any]
     version: int
     deleted: bool = False
+
+    @staticmethod
+    def pack(obj: dict[str, Any]) -> bytes | dict[str, Any]:
+        try:
+            return json.dumps(obj, separators=(",", ":")).encode()
+        except (ValueError, TypeError, RecursionError):  # too deep to encode: kept as it is
+            return obj
+
+    def obj(self) -> dict[str, Any]:
+        if isinstance(self.data, dict):
+            return self.data
+        decoded: dict[str, Any] = json.loads(self.data)
+        return decoded
 
 
 class Watcher:
@@ -360,8 +376,8 @@ class Watcher:
         if not subject or (deleted and partition not in self.taking):
             objects.pop(key, None)
         else:
-            kept = translate.kept(obj, observation_kind)
-            objects[key] = Kept(subject, partition, kept, next(self._versions), deleted=deleted)
+            data = Kept.pack(translate.kept(obj, observation_kind))
+            objects[key] = Kept(subject, partition, data, next(self._versions), deleted=deleted)
         KEPT.set(sum(len(o) for o in self.kept.values()))
 
     def kept_in(self, partitions: Collection[int]) -> list[tuple[str, tuple[str, str], Kept]]:
@@ -444,10 +460,11 @@ class Watcher:
         dead-lettered there, as always)."""
         _, observation_kind, to_message = self.watched[name]
         TAKEN_OVER.labels(kind=observation_kind).inc()
+        obj = kept.obj()
         if observation_kind == PodObservation.KIND:
-            await self.handle_pod(kept.obj, deleted=kept.deleted)
+            await self.handle_pod(obj, deleted=kept.deleted)
         else:
-            await self.handle(kept.obj, to_message, observation_kind, deleted=kept.deleted)
+            await self.handle(obj, to_message, observation_kind, deleted=kept.deleted)
 
     async def reconcile_partitions(self, partitions: frozenset[int]) -> None:
         """:meth:`reconcile` every watch that has listed, for ``partitions`` only: a watch still

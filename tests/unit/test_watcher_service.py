@@ -162,7 +162,7 @@ async def test_a_replica_keeps_the_objects_of_partitions_it_does_not_own_and_pub
     # What it keeps: every object, with what a takeover needs of it.
     kept = {k.subject: k for _, _, k in w.kept_in(range(subjects.partitions()))}
     assert set(kept) == live
-    assert kept[pod_subject].partition == 3 and kept[pod_subject].obj["status"] == {"phase": "Running"}
+    assert kept[pod_subject].partition == 3 and kept[pod_subject].obj()["status"] == {"phase": "Running"}
     assert kept[subjects.node_obs("n1")].partition == subjects.partition("", "n1")
     # Learned all the same: once its partition is taken over, the pod's chain is known this far.
     assert w.appwrapper_uids[("ns", aw)] == "u"
