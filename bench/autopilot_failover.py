@@ -1,12 +1,14 @@
-"""How long a service's work waits when its active replica is killed: ``python -m bench.autopilot_failover``.
+"""How long node verdicts wait when the active autopilot is killed.
 
-For autopilot (active/standby, docs/autopilot.md "Replicas"): a nats-server of its own and two
-autopilot processes; node observations are published as the watcher publishes them. Each round
-SIGKILLs the active replica and, at once, publishes an observation that moves a node between the
-sets; the failover time is from the kill to the node verdict on the stream, published by the
-standby once it has taken over. The killed replica is then started again, as the new standby.
-Before the first kill, the same change with the active replica alive gives the time a verdict
-takes when nothing fails, for comparison.
+    python -m bench.autopilot_failover [--kills 5] [--heartbeat 1s] [--member-ttl 5s] [--json]
+
+Autopilot is active/standby (docs/autopilot.md, "Replicas"; ``bench.failover`` measures the
+active-active services). A nats-server of its own and two autopilot processes; node observations
+are published as the watcher publishes them. Each round SIGKILLs the active replica and, at once,
+publishes an observation that moves a node between the sets; the failover time is from the kill
+to the node verdict on the stream, published by the standby once it has taken over. The killed
+replica is then started again, as the new standby. Before the first kill, the same change with
+the active replica alive gives the time a verdict takes when nothing fails, for comparison.
 
 Standalone: it needs only nats-server (``.venv/bin/nats-server``), no cluster (autopilot reads
 no Kubernetes). ``--heartbeat`` and ``--member-ttl`` are the services' ``scaling.heartbeat`` and
@@ -42,7 +44,6 @@ from shared.messages import NodeObservation, NodeVerdict, decode
 GPU = "nvidia.com/gpu"
 HEALTH = "autopilot.ibm.com/gpuhealth"
 NODE = "bench-node"
-SERVICES = ("autopilot",)
 
 
 def owned(sp: ServiceProcess, group: str) -> float:
@@ -187,8 +188,9 @@ def own_nats() -> Iterator[tuple[NatsServer, Path]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.autopilot_failover", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--service", choices=SERVICES, default="autopilot")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.autopilot_failover", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--kills", type=int, default=5, help="how many times the active replica is killed")
     parser.add_argument("--heartbeat", default="1s", help="scaling.heartbeat of the replicas")
     parser.add_argument("--member-ttl", default="5s", help="scaling.memberTtl of the replicas")
