@@ -6,12 +6,17 @@ a real nats-server in tests/integration/test_autopilot_bus.py.
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
+
+from opentelemetry.context import Context
 
 from services.autopilot.nodes import NodeHealthState, ResourceNodes, apply, rebuild
 from services.autopilot.service import (
+    AutopilotService,
     NodeChange,
     consumer_name,
     due_verdicts,
@@ -20,7 +25,10 @@ from services.autopilot.service import (
     unhealthy_counts,
     verdict_msg_id,
 )
+from shared.bus import Delivery
+from shared.config import AutopilotConfig, OperatorConfig, ResourceTaint
 from shared.messages import NodeObservation, NodeVerdict
+from shared.runtime import Runtime
 from tests.unit.test_autopilot_nodes import GPU, HEALTH, NOW, RDMA, TAINTS
 
 
@@ -130,3 +138,48 @@ def test_consumer_names_are_valid_nats_names_and_unique_per_start() -> None:
     for name in (a, b, consumer_name("***"), consumer_name("x" * 300)):
         assert re.fullmatch(r"autopilot-[A-Za-z0-9_-]+", name), name
         assert len(name) <= 100
+
+
+# ------------------------------------------------------------------ active and standby
+
+
+class Unused:
+    """The bus of a replica whose test never reaches it: any use fails the test."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"this replica must not use its bus (it used .{name})")
+
+
+def replica(taints: Mapping[str, list[ResourceTaint]] = TAINTS) -> AutopilotService:
+    """A replica whose membership never runs: a standby until its share is set by hand."""
+    config = OperatorConfig(autopilot=AutopilotConfig(resource_taints=dict(taints)))
+    return AutopilotService(Runtime(name="autopilot", config=config, bus=Unused(), kube=None, probes=None))  # type: ignore[arg-type]
+
+
+def delivery(seq: int) -> Delivery:
+    return Delivery("s", {}, "stream", "consumer", seq, 1, 0, "", Context(), None)
+
+
+async def test_a_standby_follows_the_stored_verdicts_and_the_nodes_and_publishes_nothing() -> None:
+    svc = replica()
+    assert not svc.active() and not svc.ready()
+    await svc.on_verdict(nv(no_execute=("n1",)), delivery(5))
+    # An older verdict delivered late does not replace a newer one.
+    await svc.on_verdict(nv(), delivery(3))
+    assert svc.published[GPU].no_execute == ("n1",)
+    svc.caught_up = True
+    # A change, once replayed: judged (its bus would fail the test if it published).
+    await svc.on_node(node("n2", "EVICT"), delivery(7))
+    assert svc.state.nodes(GPU).no_execute == {"n2"}
+    assert svc.last_seq == 7
+
+
+async def test_the_replay_ends_once_the_share_is_known_and_a_standby_is_ready_without_publishing() -> None:
+    svc = replica()
+    finished = asyncio.create_task(svc.finish_replay())
+    await asyncio.sleep(0)
+    assert not finished.done()  # it waits to know whether it is the active replica
+    await svc.moved(frozenset(), frozenset())  # the standby: no partition
+    svc.membership.settled = True
+    await finished
+    assert svc.caught_up and svc.ready() and not svc.active()
