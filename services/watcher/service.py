@@ -149,6 +149,10 @@ TAKEOVER_CONCURRENCY = 32
 # Why a publish that was neither transient nor refused by the bus failed: a bug, counted.
 UNEXPECTED = "unexpected"
 
+# The fingerprint of a subject whose latest observation the stream holds but this replica did not
+# publish (it took the partition over): never that of an observation.
+STORED = "stored"
+
 
 def _transient(exc: BaseException) -> bool:
     return isinstance(exc, _TRANSIENT) or (
@@ -425,6 +429,7 @@ class Watcher:
         """
         started = time.monotonic()
         self.publisher.forget_partitions(gained)
+        await self.assume_stored(gained)
         done: dict[tuple[str, tuple[str, str]], int] = {}
         slots = asyncio.Semaphore(TAKEOVER_CONCURRENCY)
         published = 0
@@ -454,6 +459,23 @@ class Watcher:
             published,
             time.monotonic() - started,
         )
+
+    async def assume_stored(self, partitions: frozenset[int]) -> None:
+        """Take every pod subject of ``partitions`` that the stream holds as published by this
+        replica, its content unknown (:data:`STORED`): a pod whose owner chain no longer leads
+        to its AppWrapper (its owners changed while no replica published its partition) then
+        gets the tombstone a watcher that saw the change would have published (:meth:`disown`);
+        nothing else changes, as no observation's fingerprint is :data:`STORED`."""
+        stream_filter = translate.observed_subject_filter(PodObservation.KIND)
+        try:
+            stored = await self.rt.bus.subjects(subjects.OBSERVATIONS_STREAM, stream_filter)
+        except Exception as exc:  # then only what the watches see change is disowned
+            log.warning("cannot read the stored pod observations of partitions taken over: %r", exc)
+            return
+        last = self.publisher.last
+        for subject in stored:
+            if translate.subject_partition(subject) in partitions:
+                last.setdefault(subject, STORED)
 
     async def publish_kept(self, name: str, kept: Kept) -> None:
         """Publish what is kept of one object, as its watch would have (whatever fails with it is

@@ -2,8 +2,9 @@
 they split the publishing by partition (each publishes the AppWrappers of its own partitions, with
 their components and pods, and the nodes of its partitions), together publish exactly what one
 watcher alone would, and when one is SIGKILLed nothing is lost: what changed while it was dead
-(a pod that failed, an AppWrapper deleted, a node labelled) is published by the other once it
-has taken the dead one's partitions over, within the member TTL and a few seconds."""
+(a pod that failed, an AppWrapper deleted, a pod taken out of its owner tree, a node labelled) is
+published by the other once it has taken the dead one's partitions over, within the member TTL
+and a few seconds."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from shared.messages import (
     PodObservation,
     decode,
 )
+from shared.ownership import controller_link
 from shared.partitions import assign
 from tests.integration.conftest import ServiceFactory, services_on
 from tests.integration.objects import apply
@@ -112,6 +114,8 @@ def expected(kubeconfig: Path, namespace: str) -> dict[str, translate.Prepared]:
         ("pods", translate.pod_observation, PodObservation.KIND),
     ):
         for obj in items(kubeconfig, kind, namespace):
+            if kind == "pods" and controller_link(obj) is None:
+                continue  # not in its AppWrapper's owner tree: not observed
             prepared = translate.prepare(
                 to_message, obj, observation_kind=observation_kind, deleted=False, now=datetime.now(UTC)
             )
@@ -153,15 +157,24 @@ async def differences(js: Any, kubeconfig: Path, namespace: str) -> list[str]:
     return out
 
 
+def owner(aw: str, uid: str) -> list[dict[str, Any]]:
+    return [{"apiVersion": API_VERSION, "kind": KIND, "name": aw, "uid": uid, "controller": True}]
+
+
+def controlled_pod(name: str, aw: str, uid: str) -> dict[str, Any]:
+    """A pod that is a component of ``aw`` itself: in its owner tree with no object between."""
+    pod = manifests.pod(name, labels={APPWRAPPER_LABEL: aw})
+    pod["metadata"]["ownerReferences"] = owner(aw, uid)
+    return pod
+
+
 def controlled_job(name: str, aw: str, uid: str) -> dict[str, Any]:
     """The Job lifecycle would create for ``aw``: labelled (its pod too) and controlled by it, so
     that its pod's owner chain leads there."""
     labels = {APPWRAPPER_LABEL: aw}
     template = manifests.pod_template(labels=labels, container="c")
     job = manifests.job(name, labels=labels, backoffLimit=0, template=template)
-    job["metadata"]["ownerReferences"] = [
-        {"apiVersion": API_VERSION, "kind": KIND, "name": aw, "uid": uid, "controller": True}
-    ]
+    job["metadata"]["ownerReferences"] = owner(aw, uid)
     return job
 
 
@@ -198,7 +211,11 @@ async def test_two_watchers_split_the_publishing_and_one_takes_over_what_the_oth
     )
     uids = {aw["metadata"]["name"]: aw["metadata"]["uid"] for aw in items(kc, "appwrappers", namespace)}
     jobs = [controlled_job(f"{n}-job", n, uids[n]) for n in everything]
-    apply(kc, namespace, {"apiVersion": "v1", "kind": "List", "items": jobs})
+    # And a pod of one of the victim's AppWrappers, which leaves its owner tree while it is dead.
+    disowned = names[victim][2]
+    extra = controlled_pod("extra", disowned, uids[disowned])
+    apply(kc, namespace, {"apiVersion": "v1", "kind": "List", "items": [*jobs, extra]})
+    extra_subject = subjects.appwrapper_obs(namespace, disowned, "pod", "extra")
 
     async with Observer(own_nats.url) as obs:
         js = obs.nc.jetstream()
@@ -206,7 +223,7 @@ async def test_two_watchers_split_the_publishing_and_one_takes_over_what_the_oth
             "every pod running",
             lambda: items(kc, "pods", namespace),
             done=lambda pods: (
-                len(pods) == APPWRAPPERS and all(p["status"].get("phase") == "Running" for p in pods)
+                len(pods) == APPWRAPPERS + 1 and all(p["status"].get("phase") == "Running" for p in pods)
             ),
             within=60,
         )
@@ -229,8 +246,9 @@ async def test_two_watchers_split_the_publishing_and_one_takes_over_what_the_oth
             )
             assert len(names[m]) <= mine < APPWRAPPERS, (m, mine)
 
-        # Kill one; while it is dead, delete one of its AppWrappers, fail a pod of another and
-        # label one of its nodes. Nobody publishes them until the survivor takes over.
+        # Kill one; while it is dead, delete one of its AppWrappers, fail a pod of another, take
+        # a third one's pod out of its owner tree and label one of its nodes. Nobody publishes
+        # them until the survivor takes over.
         failing, deleted = names[victim][0], names[victim][1]
         [pod] = [
             p for p in items(kc, "pods", namespace) if p["metadata"]["labels"][APPWRAPPER_LABEL] == failing
@@ -244,6 +262,8 @@ async def test_two_watchers_split_the_publishing_and_one_takes_over_what_the_oth
         procs[victim].kill()
         kubectl(kc, "delete", "appwrapper", deleted, "-n", namespace, "--wait=false")
         sim.fail_pod(kc, namespace, pod["metadata"]["name"], exit_code=7)
+        remove = '[{"op": "remove", "path": "/metadata/ownerReferences"}]'
+        kubectl(kc, "patch", "pod", "extra", "-n", namespace, "--type=json", "-p", remove)
         mark = uuid.uuid4().hex[:8]
         kubectl(kc, "label", "node", NODE, f"{LABEL}={mark}", "--overwrite")
         try:
@@ -268,6 +288,10 @@ async def test_two_watchers_split_the_publishing_and_one_takes_over_what_the_oth
                 lambda m: m.deleted,
             )
             assert gone.ref.name == deleted
+            # The pod no longer in its AppWrapper's owner tree: its stored state replaced by a
+            # tombstone, though the survivor never published that state itself.
+            out = await obs.wait_last(OBS, extra_subject, PodObservation, lambda m: m.deleted)
+            assert out.ref.name == "extra"
             missed = sample(procs[survivor], "respawn_watcher_missed_deletes_total", kind=APPWRAPPER_KIND)
             assert missed > missed_before
             # The victim's pods were published again by the takeover (a deleted one, perhaps, not).
