@@ -261,7 +261,7 @@ def test_member_ttl_must_outlast_two_heartbeats() -> None:
     assert config.scaling.partitions == 8
     with pytest.raises(ConfigError, match="at least two heartbeats"):
         load_config(env={"RESPAWN_SCALING_HEARTBEAT": "2s", "RESPAWN_SCALING_MEMBER_TTL": "3s"})
-    with pytest.raises(ConfigError, match="scaling.partitions"):
+    with pytest.raises(ConfigError, match=r"scaling\.partitions"):
         load_config(env={"RESPAWN_SCALING_PARTITIONS": "0"})
 
 
