@@ -1,9 +1,11 @@
 """Respawn and the upstream AppWrapper controller back to back, with the same seed.
 
 Each controller gets a fresh testbed of the same size (unless --state-dir names one to reuse,
-which must then run no Respawn services), the same AppWrappers and the same fault plan. Prints
-one table with both and the ratio, and writes the JSON (and, with matplotlib installed --
-``pip install -e '.[bench]'`` --, a PNG of the latency distributions) into --out.
+which must then run no Respawn services), the same AppWrappers and the same fault plan;
+--replicas applies to Respawn's services only. Prints one table with both and the ratio, a
+table of each phase's CPU with the ratio Respawn / upstream, and writes the JSON (and, with
+matplotlib installed -- ``pip install -e '.[bench]'`` --, a PNG of the latency distributions)
+into --out.
 
 .venv/bin/python -m bench.compare --appwrappers 100 --pods-per-aw 8 --fault-rate 0.2 --duration 120
 """

@@ -20,12 +20,14 @@ and measures, from watch events (arrival times at this process) and the API serv
   recovery     fault -> all pods Running again, minus the configured grace and pause periods
   correctness  every fault led to exactly one reset, resettingCount matches the counted faults,
                no orphaned pods or components (at the end, and after deleting every AppWrapper)
-  cost         CPU seconds and peak RSS per controller process, API requests per minute at idle
+  cost         CPU seconds per phase (set-up, catch-up, idle, faults, baseline, clean-up) and over
+               the whole run, and peak RSS, per controller process (every replica) and per
+               service, API requests per minute at idle
                (apiserver_request_total with the controller running, minus the same window with
                it stopped), NATS messages per fault (stream sequence numbers)
 
 .venv/bin/python -m bench.run --controller respawn --appwrappers 100 --pods-per-aw 8 \\
-    --fault-rate 0.2 --duration 120 [--state-dir DIR] [--seed 1] [--json]
+    --fault-rate 0.2 --duration 120 [--state-dir DIR] [--seed 1] [--replicas health=2,...] [--json]
 """
 
 from __future__ import annotations
