@@ -83,8 +83,10 @@ def cpu_phase_rows(results: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, 
             cpus.append(cpu)
         ours, theirs = cpus
         ratio = "—" if ours is None or theirs is None or theirs <= 0 else f"{ours / theirs:,.2f}x"
+        # Two decimals: a quiet phase costs hundredths of a CPU-second, and the ratio of two
+        # values shown as 0.0 would look like a division by zero.
         cells = [
-            format_value(v, "cpu-s") if c in per_controller else "n/a"
+            ("—" if v is None else f"{v:,.2f} cpu-s") if c in per_controller else "n/a"
             for c, v in zip(CONTROLLERS, cpus, strict=True)
         ]
         out.append((label, walls[0], walls[1], cells[0], cells[1], ratio))

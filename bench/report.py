@@ -152,10 +152,10 @@ def cost(
     out["total_cpu_s"] = sum(p["cpu_s"] or 0.0 for p in per_process.values())
     if marks:
         out["cpu_phases_s"] = {
-            phase: sum(p["cpu_phases_s"].get(phase) or 0.0 for p in per_process.values())
+            phase: round(sum(p["cpu_phases_s"].get(phase) or 0.0 for p in per_process.values()), 3)
             for phase in (m.phase for m in marks[1:])
         }
-        out["whole_run_cpu_s"] = sum(p["cpu_whole_run_s"] or 0.0 for p in per_process.values())
+        out["whole_run_cpu_s"] = round(sum(p["cpu_whole_run_s"] or 0.0 for p in per_process.values()), 3)
     out["services"] = by_service(per_process)
     if idle is not None:
         out["idle_cpu_percent_total"] = sum(idle.cpu_percent.get(n, 0.0) for n in processes)
@@ -192,7 +192,7 @@ def phase_cpu(marks: Sequence[Mark], process: str) -> dict[str, float | None]:
     """CPU seconds of ``process`` in each phase the marks bound (None: it did not run
     throughout)."""
     return {
-        b.phase: b.cpu[process] - a.cpu[process] if process in a.cpu and process in b.cpu else None
+        b.phase: round(b.cpu[process] - a.cpu[process], 3) if process in a.cpu and process in b.cpu else None
         for a, b in itertools.pairwise(marks)
     }
 
@@ -202,17 +202,18 @@ def whole_run_cpu(marks: Sequence[Mark], process: str) -> float | None:
     throughout)."""
     if not marks or process not in marks[0].cpu or process not in marks[-1].cpu:
         return None
-    return marks[-1].cpu[process] - marks[0].cpu[process]
+    return round(marks[-1].cpu[process] - marks[0].cpu[process], 3)
 
 
 def phase_seconds(marks: Sequence[Mark]) -> dict[str, float]:
     """How long each phase the marks bound took (wall-clock seconds)."""
-    return {b.phase: b.wall - a.wall for a, b in itertools.pairwise(marks)}
+    return {b.phase: round(b.wall - a.wall, 3) for a, b in itertools.pairwise(marks)}
 
 
 def _sum(values: Sequence[float | None]) -> float | None:
+    # CPU time is counted in clock ticks (10 ms); three decimals keep float noise out of the JSON.
     known = [v for v in values if v is not None]
-    return sum(known) if known else None
+    return round(sum(known), 3) if known else None
 
 
 def by_service(per_process: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

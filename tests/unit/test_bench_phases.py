@@ -226,9 +226,9 @@ def test_compare_cpu_phase_rows_give_respawn_over_upstream(fake_usage: None) -> 
     theirs["cost"] = {**theirs["cost"], "cpu_phases_s": {p: 2.0 for p in PHASES}, "whole_run_cpu_s": 4.0}
     rows = {row[0]: row[1:] for row in compare.cpu_phase_rows({"respawn": ours, "upstream": theirs})}
     assert list(rows) == [*(PHASE_LABELS[p] for p in PHASES), WHOLE_RUN]
-    assert rows[PHASE_LABELS["setup"]] == ("30.0 s", "30.0 s", "9.0 cpu-s", "2.0 cpu-s", "4.50x")
-    assert rows[PHASE_LABELS["cleanup"]] == ("30.0 s", "30.0 s", "1.8 cpu-s", "2.0 cpu-s", "0.88x")
-    assert rows[WHOLE_RUN] == ("350.0 s", "350.0 s", "16.0 cpu-s", "4.0 cpu-s", "4.00x")
+    assert rows[PHASE_LABELS["setup"]] == ("30.0 s", "30.0 s", "9.00 cpu-s", "2.00 cpu-s", "4.50x")
+    assert rows[PHASE_LABELS["cleanup"]] == ("30.0 s", "30.0 s", "1.75 cpu-s", "2.00 cpu-s", "0.88x")
+    assert rows[WHOLE_RUN] == ("350.0 s", "350.0 s", "16.00 cpu-s", "4.00 cpu-s", "4.00x")
 
 
 def test_compare_cpu_phase_rows_with_an_older_and_a_failed_run(fake_usage: None) -> None:
@@ -236,13 +236,13 @@ def test_compare_cpu_phase_rows_with_an_older_and_a_failed_run(fake_usage: None)
         row[0]: row[1:]
         for row in compare.cpu_phase_rows({"respawn": phased_result(), "upstream": legacy_result()})
     }
-    assert rows[PHASE_LABELS["cleanup"]] == ("30.0 s", "20.0 s", "1.8 cpu-s", "—", "—")
+    assert rows[PHASE_LABELS["cleanup"]] == ("30.0 s", "20.0 s", "1.75 cpu-s", "—", "—")
     assert rows[PHASE_LABELS["setup"]][1] == "44.0 s"
     failed = {"controller": "upstream", "error": "no image"}
     rows = {
         row[0]: row[1:] for row in compare.cpu_phase_rows({"respawn": phased_result(), "upstream": failed})
     }
-    assert rows[WHOLE_RUN] == ("350.0 s", "n/a", "16.0 cpu-s", "n/a", "—")
+    assert rows[WHOLE_RUN] == ("350.0 s", "n/a", "16.00 cpu-s", "n/a", "—")
     # A zero upstream figure gives no ratio rather than a division by zero.
     theirs = phased_result("upstream")
     theirs["cost"] = {**theirs["cost"], "whole_run_cpu_s": 0.0}
@@ -378,3 +378,12 @@ def test_a_testbed_whose_replicas_all_run_is_measured_without_starting_anything(
     assert processes == dict.fromkeys(sorted(names), alive)
     with pytest.raises(BenchError, match=r"runs Respawn's services .*health-0, health-1"):
         start_controller("upstream", bed, lambda _: None)
+
+
+def test_phase_figures_are_rounded_to_a_thousandth() -> None:
+    # CPU time comes in 10 ms ticks; differences of floats must not carry noise into the JSON.
+    pair = [Mark("start", 0.1, {"p": 0.1}), Mark("setup", 0.3, {"p": 0.58})]
+    assert 0.58 - 0.1 != 0.48
+    assert report.phase_cpu(pair, "p") == {"setup": 0.48}
+    assert report.whole_run_cpu(pair, "p") == 0.48
+    assert phase_seconds(pair) == {"setup": 0.2}
