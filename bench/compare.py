@@ -1,9 +1,11 @@
 """Respawn and the upstream AppWrapper controller back to back, with the same seed.
 
 Each controller gets a fresh testbed of the same size (unless --state-dir names one to reuse,
-which must then run no Respawn services), the same AppWrappers and the same fault plan. Prints
-one table with both and the ratio, and writes the JSON (and, with matplotlib installed --
-``pip install -e '.[bench]'`` --, a PNG of the latency distributions) into --out.
+which must then run no Respawn services), the same AppWrappers and the same fault plan;
+--replicas applies to Respawn's services only. Prints one table with both and the ratio, a
+table of each phase's CPU with the ratio Respawn / upstream, and writes the JSON (and, with
+matplotlib installed -- ``pip install -e '.[bench]'`` --, a PNG of the latency distributions)
+into --out.
 
 .venv/bin/python -m bench.compare --appwrappers 100 --pods-per-aw 8 --fault-rate 0.2 --duration 120
 """
@@ -19,12 +21,19 @@ from typing import Any
 
 from bench import run, upstream
 from bench.config import CONTROLLERS, BenchError, add_arguments, config_from
-from bench.report import describe, figures, format_value, violation_lines
+from bench.report import describe, figures, format_value, phase_rows, phase_table, violation_lines
 from respawn.testbed.errors import TestbedError
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # The latencies the plot shows, one panel each (the verdict is drawn into detection's).
 PLOTTED = ("detection", "reaction", "recovery")
+
+
+def result_stem(appwrappers: int, pods_per_aw: int, seed: int, replicas: Sequence[tuple[str, int]]) -> str:
+    """The files' common name; replicas other than one of each service are in it (as
+    ``-health2-lifecycle2``), so that such a run does not overwrite the default one's results."""
+    extra = "".join(f"-{service}{count}" for service, count in replicas if count != 1)
+    return f"compare-n{appwrappers}x{pods_per_aw}-seed{seed}{extra}"
 
 
 def compare_rows(results: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, str, str]]:
@@ -54,6 +63,36 @@ def compare_rows(results: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, st
     return rows
 
 
+def cpu_phase_rows(results: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, str, str, str, str]]:
+    """(phase, wall Respawn, wall upstream, CPU-s Respawn, CPU-s upstream, Respawn ÷ upstream)
+    for every phase of a run and the whole run: what each controller's processes cost in each
+    phase. The ratio is this way round because a cost is compared, not a latency."""
+    per_controller = {c: phase_rows(r) for c, r in results.items() if "error" not in r}
+    labels = next((rows for rows in per_controller.values()), [])
+    out = []
+    for i, (label, _, _) in enumerate(labels):
+        walls: list[str] = []
+        cpus: list[float | None] = []
+        for c in CONTROLLERS:
+            if c not in per_controller:
+                walls.append("n/a")
+                cpus.append(None)
+                continue
+            _, wall, cpu = per_controller[c][i]
+            walls.append(format_value(wall, "s"))
+            cpus.append(cpu)
+        ours, theirs = cpus
+        ratio = "—" if ours is None or theirs is None or theirs <= 0 else f"{ours / theirs:,.2f}x"
+        # Two decimals: a quiet phase costs hundredths of a CPU-second, and the ratio of two
+        # values shown as 0.0 would look like a division by zero.
+        cells = [
+            ("—" if v is None else f"{v:,.2f} cpu-s") if c in per_controller else "n/a"
+            for c, v in zip(CONTROLLERS, cpus, strict=True)
+        ]
+        out.append((label, walls[0], walls[1], cells[0], cells[1], ratio))
+    return out
+
+
 def render(results: Mapping[str, Mapping[str, Any]]) -> str:
     first = next(iter(results.values()))
     lines = [
@@ -66,6 +105,24 @@ def render(results: Mapping[str, Mapping[str, Any]]) -> str:
         if name.endswith(" n") and ours in ("0", "—", "n/a") and theirs in ("0", "—", "n/a"):
             continue
         lines.append(f"| {name} | {ours} | {theirs} | {ratio} |")
+    phases = cpu_phase_rows(results)
+    if phases:
+        lines.extend(
+            [
+                "",
+                "CPU seconds of the controller's processes per phase:",
+                "",
+                "| phase | wall Respawn | wall upstream | CPU Respawn | CPU upstream | Respawn ÷ upstream |",
+                "|---|---|---|---|---|---|",
+            ]
+        )
+        lines.extend(f"| {' | '.join(row)} |" for row in phases)
+    for c in CONTROLLERS:
+        r = results.get(c, {})
+        # A result saved before the phases were measured has nothing to show per phase.
+        if "error" not in r and r.get("cost", {}).get("cpu_phases_s"):
+            lines.extend(["", f"{c}, CPU seconds per service and phase (replicas summed):", ""])
+            lines.extend(phase_table(r))
     for c in CONTROLLERS:
         r = results.get(c, {})
         if "error" in r:
@@ -138,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="use a result saved by an earlier run (its <stem>-<controller>.json) instead of running it",
     )
     args = parser.parse_args(argv)
-    stem = f"compare-n{args.appwrappers}x{args.pods_per_aw}-seed{args.seed}"
+    stem = result_stem(args.appwrappers, args.pods_per_aw, args.seed, args.replicas)
     args.out.mkdir(parents=True, exist_ok=True)
     loaded = dict(item.split("=", 1) for item in args.load)
     results: dict[str, dict[str, Any]] = {}
@@ -156,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         except (BenchError, TestbedError) as exc:
             print(f"error: {controller}: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
-    document = {"results": results, "table": compare_rows(results)}
+    document = {"results": results, "table": compare_rows(results), "cpu_phases": cpu_phase_rows(results)}
     (args.out / f"{stem}.json").write_text(json.dumps(document, indent=1, default=str))
     png = args.out / f"{stem}.png"
     plotted = plot(results, png)

@@ -10,6 +10,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from respawn.testbed.services import parse_replicas
 from shared.durations import parse_go_duration
 
 CONTROLLERS = ("respawn", "upstream")
@@ -52,6 +53,9 @@ class BenchConfig:
     cleanup_timeout: float = 300.0
     retry_ineligible: float = 15.0  # how long a fault waits for an eligible target
     nodes: int | None = None
+    # Processes per Respawn service, as (service, count) pairs in the order given; a service not
+    # named runs one. Empty for upstream, which is one process.
+    replicas: tuple[tuple[str, int], ...] = ()
     # A fixed plan instead of the seeded Poisson one (the smoke test injects one of each kind).
     fault_plan: tuple[PlannedFault, ...] | None = None
 
@@ -83,6 +87,15 @@ def parse_mix(text: str) -> tuple[tuple[str, float], ...]:
     return tuple(out)
 
 
+def parse_replicas_flag(text: str) -> tuple[tuple[str, int], ...]:
+    """``health=2,lifecycle=2`` as ``(("health", 2), ("lifecycle", 2))``: the syntax and limits of
+    ``respawn local up --replicas``, whose parser this is."""
+    try:
+        return tuple(parse_replicas(text).items())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = BenchConfig()
     parser.add_argument("--appwrappers", type=int, default=d.appwrappers)
@@ -109,9 +122,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--nodes", type=int, default=None, help="kwok nodes (default: from the workload)")
     parser.add_argument("--state-dir", type=Path, default=None, help="reuse the testbed running there")
+    parser.add_argument(
+        "--replicas",
+        type=parse_replicas_flag,
+        default=d.replicas,
+        metavar="SERVICE=N,...",
+        help="processes of each Respawn service (default: one of each), e.g. health=2,lifecycle=2",
+    )
 
 
 def config_from(args: argparse.Namespace, controller: str) -> BenchConfig:
+    """The settings of one controller's run. ``--replicas`` counts Respawn's services, so the
+    upstream controller's run (one process) leaves it out."""
     return BenchConfig(
         controller=controller,
         appwrappers=args.appwrappers,
@@ -131,4 +153,5 @@ def config_from(args: argparse.Namespace, controller: str) -> BenchConfig:
         setup_timeout=args.setup_timeout,
         cleanup_timeout=args.cleanup_timeout,
         nodes=args.nodes,
+        replicas=args.replicas if controller == "respawn" else (),
     )

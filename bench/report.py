@@ -3,11 +3,15 @@ the tables printed for a run (``compare.py`` lines two runs' figures up by name)
 
 Pure functions of the recorded data, except ``cost``, which reads each controller process's peak
 RSS at the moment it is called (the end of the run).
+
+A run's CPU is reported per phase: ``PHASES`` in order cover it from the first AppWrapper
+submitted to the last object of the workload gone, so the phases add up to the whole run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -15,10 +19,22 @@ from typing import Any
 from bench.config import FAULT_KINDS, BenchConfig
 from bench.correctness import VIOLATIONS
 from bench.procstat import usage
-from bench.samples import Snapshot, Window
+from bench.samples import Mark, Snapshot, Window
 from bench.tracker import Fault
+from respawn.testbed.services import service_of
 
 MEASURES = ("detection", "verdict", "reaction", "recovery")
+# The phases of a run, in order; each ends where the next begins.
+PHASES = ("setup", "catch_up", "idle", "faults", "baseline", "cleanup")
+PHASE_LABELS = {
+    "setup": "set-up: submission → every AppWrapper running",
+    "catch_up": "catch-up: → controller reported ready, testbed quiet",
+    "idle": "idle window",
+    "faults": "faults: injection → every AppWrapper recovered",
+    "baseline": "end state + baseline window (controller stopped)",
+    "cleanup": "clean-up: deletion → nothing left",
+}
+WHOLE_RUN = "whole run"
 
 
 # ------------------------------------------------------------------ statistics
@@ -112,20 +128,35 @@ def cost(
     fault_start: Snapshot,
     fault_end: Snapshot,
     faults: int,
+    marks: Sequence[Mark] = (),
 ) -> dict[str, Any]:
-    per_process: dict[str, dict[str, float | None]] = {}
+    """The cost figures of the JSON's "cost" (bench/README.md, "The JSON"). ``start_cpu`` and
+    ``end_cpu`` bound ``cpu_s`` (set-up to the end of the baseline window); ``marks`` bound
+    the phases, the first the start of set-up and the last the end of clean-up."""
+    per_process: dict[str, dict[str, Any]] = {}
     for name, pid in processes.items():
         peak: float | None = None
         with contextlib.suppress(OSError):
             peak = usage(pid).peak_rss_mib
         per_process[name] = {
+            "service": service_name(name),
             "cpu_s": end_cpu.get(name, 0.0) - start_cpu.get(name, 0.0),
             "cpu_fault_phase_s": fault_end.cpu.get(name, 0.0) - fault_start.cpu.get(name, 0.0),
             "idle_cpu_percent": None if idle is None else idle.cpu_percent.get(name),
             "peak_rss_mib": peak,
         }
+        if marks:
+            per_process[name]["cpu_phases_s"] = phase_cpu(marks, name)
+            per_process[name]["cpu_whole_run_s"] = whole_run_cpu(marks, name)
     out: dict[str, Any] = {"processes": per_process}
     out["total_cpu_s"] = sum(p["cpu_s"] or 0.0 for p in per_process.values())
+    if marks:
+        out["cpu_phases_s"] = {
+            phase: round(sum(p["cpu_phases_s"].get(phase) or 0.0 for p in per_process.values()), 3)
+            for phase in (m.phase for m in marks[1:])
+        }
+        out["whole_run_cpu_s"] = round(sum(p["cpu_whole_run_s"] or 0.0 for p in per_process.values()), 3)
+    out["services"] = by_service(per_process)
     if idle is not None:
         out["idle_cpu_percent_total"] = sum(idle.cpu_percent.get(n, 0.0) for n in processes)
     if idle is not None and baseline is not None:
@@ -148,6 +179,68 @@ def cost(
     if delta:
         out["nats_messages_fault_phase"] = delta
         out["nats_messages_per_fault"] = (sum(delta.values()) - idle_rate * span) / faults if faults else None
+    return out
+
+
+def service_name(process: str) -> str:
+    """The service a controller process belongs to: ``health`` for ``health`` and its replicas
+    ``health-0``, ``health-1``; a process of no Respawn service (upstream's) is its own."""
+    return service_of(process) or process
+
+
+def phase_cpu(marks: Sequence[Mark], process: str) -> dict[str, float | None]:
+    """CPU seconds of ``process`` in each phase the marks bound (None: it did not run
+    throughout)."""
+    return {
+        b.phase: round(b.cpu[process] - a.cpu[process], 3) if process in a.cpu and process in b.cpu else None
+        for a, b in itertools.pairwise(marks)
+    }
+
+
+def whole_run_cpu(marks: Sequence[Mark], process: str) -> float | None:
+    """CPU seconds of ``process`` from the first mark to the last (None: it did not run
+    throughout)."""
+    if not marks or process not in marks[0].cpu or process not in marks[-1].cpu:
+        return None
+    return round(marks[-1].cpu[process] - marks[0].cpu[process], 3)
+
+
+def phase_seconds(marks: Sequence[Mark]) -> dict[str, float]:
+    """How long each phase the marks bound took (wall-clock seconds)."""
+    return {b.phase: round(b.wall - a.wall, 3) for a, b in itertools.pairwise(marks)}
+
+
+def _sum(values: Sequence[float | None]) -> float | None:
+    # CPU time is counted in clock ticks (10 ms); three decimals keep float noise out of the JSON.
+    known = [v for v in values if v is not None]
+    return round(sum(known), 3) if known else None
+
+
+def by_service(per_process: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The per-process cost figures summed per service (its replicas named in "processes");
+    peak RSS both summed (an upper bound of what the service held at once) and of the largest
+    replica. A value no process has is None; a process without it is left out of the sum."""
+    groups: dict[str, list[str]] = {}
+    for name in sorted(per_process):
+        groups.setdefault(per_process[name].get("service") or service_name(name), []).append(name)
+    out: dict[str, dict[str, Any]] = {}
+    for service, names in groups.items():
+        procs = [per_process[n] for n in names]
+        phases: dict[str, float | None] = {}
+        for p in procs:
+            for phase, value in (p.get("cpu_phases_s") or {}).items():
+                phases[phase] = _sum([phases.get(phase), value])
+        rss = [p["peak_rss_mib"] for p in procs if p.get("peak_rss_mib") is not None]
+        out[service] = {
+            "processes": names,
+            "cpu_s": _sum([p.get("cpu_s") for p in procs]),
+            "cpu_fault_phase_s": _sum([p.get("cpu_fault_phase_s") for p in procs]),
+            "cpu_phases_s": phases,
+            "cpu_whole_run_s": _sum([p.get("cpu_whole_run_s") for p in procs]),
+            "idle_cpu_percent": _sum([p.get("idle_cpu_percent") for p in procs]),
+            "peak_rss_mib_sum": sum(rss) if rss else None,
+            "peak_rss_mib_max": max(rss) if rss else None,
+        }
     return out
 
 
@@ -184,9 +277,18 @@ def figures(result: Mapping[str, Any]) -> list[tuple[str, float | None, str]]:
     rows.append(("set-up: then testbed quiet after", result.get("setup", {}).get("testbed_quiet_s"), "s"))
     rows.append(("cleanup: all deleted", result.get("cleanup_s"), "s"))
     cst = result.get("cost", {})
-    rows.append(("cpu total (controller)", cst.get("total_cpu_s"), "cpu-s"))
+    # "cpu_s": set-up to the end of the baseline window, as every run has reported it; the
+    # whole run adds the clean-up (runs saved before the phases were measured have no value).
+    rows.append(("cpu set-up to baseline (controller)", cst.get("total_cpu_s"), "cpu-s"))
+    rows.append(("cpu whole run incl. clean-up (controller)", cst.get("whole_run_cpu_s"), "cpu-s"))
     rows.append(("idle cpu (controller)", cst.get("idle_cpu_percent_total"), "% of a core"))
-    for name, p in sorted(cst.get("processes", {}).items()):
+    processes = cst.get("processes", {})
+    for service, s in services_of(result).items():
+        if len(s["processes"]) > 1:
+            count = len(s["processes"])
+            rows.append((f"cpu {service} ({count} processes)", s.get("cpu_s"), "cpu-s"))
+            rows.append((f"peak rss {service} ({count} processes, sum)", s.get("peak_rss_mib_sum"), "MiB"))
+    for name, p in sorted(processes.items()):
         rows.append((f"cpu {name}", p.get("cpu_s"), "cpu-s"))
         rows.append((f"peak rss {name}", p.get("peak_rss_mib"), "MiB"))
     api = cst.get("api_requests_per_min_idle", {})
@@ -199,6 +301,75 @@ def figures(result: Mapping[str, Any]) -> list[tuple[str, float | None, str]]:
     rows.append(("api requests/min idle (controller)", idle_requests, "req/min"))
     rows.append(("nats messages per fault", cst.get("nats_messages_per_fault"), "msg"))
     return rows
+
+
+def services_of(result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The per-service cost figures of a result (computed from its processes for a result saved
+    before they were recorded)."""
+    cst = result.get("cost", {})
+    return cst.get("services") or by_service(cst.get("processes", {}))
+
+
+def phase_rows(result: Mapping[str, Any]) -> list[tuple[str, float | None, float | None]]:
+    """(phase label, wall seconds, controller CPU seconds) for every phase and the whole run; a
+    value the result does not have (a run saved before the phases were measured) is None, except
+    the set-up's and clean-up's durations, which every run has reported."""
+    cst = result.get("cost", {})
+    walls = dict(result.get("phases_s") or {})
+    walls.setdefault("setup", result.get("setup", {}).get("all_running_s"))
+    walls.setdefault("cleanup", result.get("cleanup_s"))
+    cpu = cst.get("cpu_phases_s") or {}
+    rows = [(PHASE_LABELS[p], walls.get(p), cpu.get(p)) for p in PHASES]
+    whole_wall = sum(result["phases_s"].values()) if result.get("phases_s") else None
+    rows.append((WHOLE_RUN, whole_wall, cst.get("whole_run_cpu_s")))
+    return rows
+
+
+def _cell(value: float | None, unit: str) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,.1f} s" if unit == "s" else f"{value:,.2f}"
+
+
+def phase_table(result: Mapping[str, Any]) -> list[str]:
+    """CPU seconds per phase: the controller's in all, and each service's (its replicas summed)."""
+    services = services_of(result)
+    names = list(services)
+    lines = [
+        "| phase | wall | controller CPU-s | " + " | ".join(names) + " |",
+        "|---|---|---|" + "---|" * len(names),
+    ]
+    for (label, wall, cpu), phase in zip(phase_rows(result), (*PHASES, WHOLE_RUN), strict=True):
+        cells = [
+            _cell(
+                s.get("cpu_whole_run_s") if phase == WHOLE_RUN else s.get("cpu_phases_s", {}).get(phase), ""
+            )
+            for s in services.values()
+        ]
+        lines.append(f"| {label} | {_cell(wall, 's')} | {_cell(cpu, '')} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def process_table(result: Mapping[str, Any]) -> list[str]:
+    """One row per controller process (every replica): its service, CPU seconds per phase and
+    over the whole run, and peak RSS."""
+    processes = result.get("cost", {}).get("processes", {})
+    short = {"setup": "set-up", "catch_up": "catch-up", "idle": "idle", "faults": "faults",
+             "baseline": "baseline", "cleanup": "clean-up"}  # fmt: skip
+    lines = [
+        "| process | service | " + " | ".join(short[p] for p in PHASES) + " | whole run | peak RSS MiB |",
+        "|---|---|" + "---|" * (len(PHASES) + 2),
+    ]
+    for name, p in sorted(processes.items(), key=lambda kv: (service_name(kv[0]), kv[0])):
+        phases = p.get("cpu_phases_s") or {}
+        cells = [_cell(phases.get(phase), "") for phase in PHASES]
+        peak = p.get("peak_rss_mib")
+        lines.append(
+            f"| {name} | {p.get('service') or service_name(name)} | "
+            + " | ".join(cells)
+            + f" | {_cell(p.get('cpu_whole_run_s'), '')} | {'—' if peak is None else f'{peak:,.0f}'} |"
+        )
+    return lines
 
 
 def format_value(value: float | None, unit: str) -> str:
@@ -249,4 +420,8 @@ def render(result: Mapping[str, Any]) -> str:
             f"API requests/min at idle: {api['with_controller']:,.0f} with the controller, "
             f"{api['controller_stopped']:,.0f} with it stopped; by request: {api['controller_by_request']}"
         )
+    lines.extend(["", "CPU seconds per phase (controller processes; a service's replicas summed):", ""])
+    lines.extend(phase_table(result))
+    lines.extend(["", "Per process:", ""])
+    lines.extend(process_table(result))
     return "\n".join(lines)

@@ -20,12 +20,14 @@ and measures, from watch events (arrival times at this process) and the API serv
   recovery     fault -> all pods Running again, minus the configured grace and pause periods
   correctness  every fault led to exactly one reset, resettingCount matches the counted faults,
                no orphaned pods or components (at the end, and after deleting every AppWrapper)
-  cost         CPU seconds and peak RSS per controller process, API requests per minute at idle
+  cost         CPU seconds per phase (set-up, catch-up, idle, faults, baseline, clean-up) and over
+               the whole run, and peak RSS, per controller process (every replica) and per
+               service, API requests per minute at idle
                (apiserver_request_total with the controller running, minus the same window with
                it stopped), NATS messages per fault (stream sequence numbers)
 
 .venv/bin/python -m bench.run --controller respawn --appwrappers 100 --pods-per-aw 8 \\
-    --fault-rate 0.2 --duration 120 [--state-dir DIR] [--seed 1] [--json]
+    --fault-rate 0.2 --duration 120 [--state-dir DIR] [--seed 1] [--replicas health=2,...] [--json]
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +57,7 @@ from bench.driver import Driver
 from bench.plan import AwSpec, nodes_needed, plan_faults, plan_workload
 from bench.procstat import cpu_seconds, settle
 from bench.progress import Log, stderr_log
-from bench.samples import Sampler, Snapshot, Window
+from bench.samples import Mark, Sampler, Snapshot, Window, mark
 from bench.session import Session
 from bench.testbed import ready_nodes, testbed
 from bench.tracker import Tracker, subscribe_verdicts, watch
@@ -80,6 +82,11 @@ class Bench:
     testbed_processes: dict[str, int]
     log: Log
     t_start: float
+    # Where each phase ended (report.PHASES), after the start of set-up: the CPU of each phase.
+    marks: list[Mark] = field(default_factory=list)
+
+    def mark(self, phase: str) -> None:
+        self.marks.append(mark(phase, self.processes))
 
 
 @dataclass
@@ -135,13 +142,19 @@ async def run_bench(
             log=log,
         )
         cpu_before = read_cpu(bench)
-        result["setup"] = await set_up(bench, workload)
+        bench.mark("start")
+        result["setup"] = await set_up(bench, workload)  # marks "setup" when every AppWrapper runs
+        bench.mark("catch_up")
         idle = await idle_window(bench)
+        bench.mark("idle")
         faults = await fault_phase(bench, planned)
+        bench.mark("faults")
         end = await end_state(bench.session, bench.tracker, bench.t_start)
         baseline = await baseline_window(bench)
         cpu_after = read_cpu(bench)
+        bench.mark("baseline")
         cleanup = await clean_up(bench)
+        bench.mark("cleanup")
         result.update(
             summary(bench, workload, planned, faults, end, cleanup, idle, baseline, cpu_before, cpu_after)
         )
@@ -200,6 +213,7 @@ async def set_up(bench: Bench, workload: Sequence[AwSpec]) -> dict[str, Any]:
         ready, total = bench.tracker.workload_idle()
         raise BenchError(f"only {ready}/{total} AppWrappers were running after {cfg.setup_timeout:.0f}s")
     setup_s = time.monotonic() - t_submit
+    bench.mark("setup")
     log(f"all {len(workload)} AppWrappers running after {setup_s:.1f}s")
     # Steady state: the controller has also caught up with the start (every PodsReady True).
     remaining = max(0.0, cfg.setup_timeout - setup_s)
@@ -346,6 +360,7 @@ def summary(
         faults.start,
         faults.end,
         len(tracked),
+        bench.marks,
     )
     if idle is not None:
         cost["testbed_idle_cpu_percent"] = {
@@ -358,6 +373,7 @@ def summary(
         "latency": report.latencies(tracked, bench.cfg),
         "correctness": judge(end, tracked, cleanup.left, settled=faults.settled),
         "cleanup_s": cleanup.seconds,
+        "phases_s": report.phase_seconds(bench.marks),
         "cleanup_api_requests": cleanup.api_requests,
         "cost": cost,
         "bench_cpu_s": cpu_after.bench - cpu_before.bench,
@@ -391,8 +407,10 @@ def run(cfg: BenchConfig, state_dir: Path | None = None, *, log: Log = stderr_lo
     """Reuse the running testbed in ``state_dir``, or start one (and tear it down afterwards)."""
     if cfg.controller not in CONTROLLERS:
         raise BenchError(f"--controller must be one of {', '.join(CONTROLLERS)}")
+    if cfg.replicas and cfg.controller != "respawn":
+        raise BenchError("--replicas counts Respawn's services; the upstream controller is one process")
     needed = cfg.nodes or nodes_needed(cfg, plan_workload(cfg), plan_faults(cfg))
-    with testbed(cfg.controller, needed, state_dir, log) as bed:
+    with testbed(cfg.controller, needed, state_dir, log, dict(cfg.replicas)) as bed:
         result = asyncio.run(
             run_bench(
                 cfg,

@@ -69,6 +69,20 @@ class Window:
         )
 
 
+@dataclass(frozen=True)
+class Mark:
+    """The end of one phase of a run (``start``: the beginning of the first): when, and the CPU
+    seconds each controller process had used by then. Two marks in a row bound a phase."""
+
+    phase: str
+    wall: float  # time.monotonic()
+    cpu: dict[str, float]
+
+
+def mark(phase: str, processes: Mapping[str, int]) -> Mark:
+    return Mark(phase, time.monotonic(), cpu_seconds(processes))
+
+
 class Sampler:
     """Takes snapshots of the controller's and the testbed's processes, the API server and NATS."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +17,7 @@ from bench.progress import Log
 from respawn.testbed import cluster
 from respawn.testbed.cluster import State, node_readiness
 from respawn.testbed.process import stop_pid
-from respawn.testbed.services import SERVICES
+from respawn.testbed.services import service_of
 
 # The testbed's own processes, measured beside the controller's (their idle CPU is in the JSON).
 TESTBED_PROCESSES = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok")
@@ -60,9 +60,17 @@ def _interrupted(signum: int, _frame: object) -> None:
 
 
 @contextlib.contextmanager
-def testbed(controller: str, nodes: int, state_dir: Path | None, log: Log) -> Iterator[Testbed]:
+def testbed(
+    controller: str,
+    nodes: int,
+    state_dir: Path | None,
+    log: Log,
+    replicas: Mapping[str, int] | None = None,
+) -> Iterator[Testbed]:
     """Reuse the running testbed in ``state_dir``, or start one of ``nodes`` nodes; start the
-    controller on it. On the way out, stop what was started here."""
+    controller on it (Respawn: ``replicas[service]`` processes of each service, one when not
+    named; on a reused testbed the processes that run are used as they are). On the way out, stop
+    what was started here."""
     directory = (state_dir or Path(tempfile.mkdtemp(prefix="respawn-bench-"))).resolve()
     state = running_state(directory)
     own = state is None
@@ -82,7 +90,7 @@ def testbed(controller: str, nodes: int, state_dir: Path | None, log: Log) -> It
                     f"the testbed in {directory} has {have} Ready nodes; this run needs {nodes} "
                     f"(start one with 'respawn local up --nodes {nodes} --no-services', or omit --state-dir)"
                 )
-        processes, started = start_controller(controller, state, log)
+        processes, started = start_controller(controller, state, log, replicas)
         bed = Testbed(state, own, processes)
         yield bed
     finally:
@@ -116,5 +124,6 @@ def load(state_dir: Path, nodes: int) -> State:
 
 
 def services(state: State) -> dict[str, int]:
-    """Respawn's services among the testbed's processes."""
-    return {name: pid for name, pid in state.pids.items() if name in SERVICES}
+    """The processes of Respawn's services among the testbed's, every replica under its own name
+    (``health``, or ``health-0``, ``health-1``, ...)."""
+    return {name: pid for name, pid in state.pids.items() if service_of(name) is not None}

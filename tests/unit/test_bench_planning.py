@@ -445,13 +445,21 @@ def test_cost_per_process_idle_requests_and_messages_per_fault(fake_usage: None)
     )
     assert out["processes"] == {
         "controller": {
+            "service": "controller",
             "cpu_s": 3.5,
             "cpu_fault_phase_s": 1.0,
             "idle_cpu_percent": 2.0,
             "peak_rss_mib": 123.5,
         },
-        "gone": {"cpu_s": 0.0, "cpu_fault_phase_s": 0.0, "idle_cpu_percent": None, "peak_rss_mib": None},
+        "gone": {
+            "service": "gone",
+            "cpu_s": 0.0,
+            "cpu_fault_phase_s": 0.0,
+            "idle_cpu_percent": None,
+            "peak_rss_mib": None,
+        },
     }
+    assert "cpu_phases_s" not in out and "whole_run_cpu_s" not in out, "no phase marks given"
     assert out["total_cpu_s"] == 3.5
     assert out["idle_cpu_percent_total"] == 2.0, "only the controller's processes count"
     api = out["api_requests_per_min_idle"]
@@ -560,7 +568,8 @@ def test_figures_rows_follow_the_samples_present() -> None:
     assert all(table[f"correctness {key}"] == (0.0, "count") for key in VIOLATIONS)
     assert table["set-up: all running"] == (12.0, "s")
     assert table["cleanup: all deleted"] == (3.0, "s")
-    assert table["cpu total (controller)"] == (4.0, "cpu-s")
+    assert table["cpu set-up to baseline (controller)"] == (4.0, "cpu-s")
+    assert table["cpu whole run incl. clean-up (controller)"] == (None, "cpu-s"), "no phases recorded"
     assert table["idle cpu (controller)"] == (1.5, "% of a core")
     # Processes in name order, a missing peak RSS is None.
     assert names.index("cpu a-proc") < names.index("cpu b-proc")
@@ -682,7 +691,7 @@ def test_compare_rows_compute_upstream_over_respawn() -> None:
     rows = {name: cells for name, *cells in compare.compare_rows(pair())}
     assert rows["detection all p50"] == ["200.0 ms", "2,000.0 ms", "10.0x"]
     assert rows["detection all max"] == ["300.0 ms", "3,000.0 ms", "10.0x"]
-    assert rows["cpu total (controller)"] == ["4.0 cpu-s", "10.0 cpu-s", "2.5x"]
+    assert rows["cpu set-up to baseline (controller)"] == ["4.0 cpu-s", "10.0 cpu-s", "2.5x"]
     assert rows["reaction all p50"] == ["50.0 ms", "50.0 ms", "1.0x"]
 
 
