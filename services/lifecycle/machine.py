@@ -57,6 +57,7 @@ from services.lifecycle.announcements import FORCEFUL_DELETION_EVENT
 from services.lifecycle.conditions import (
     clear_condition,
     condition_status,
+    find_condition,
     is_true,
     set_condition,
     transition_time,
@@ -703,6 +704,25 @@ class _Reconciliation:
             current = condition_status(conditions, ConditionType.RESOURCES_DEPLOYED)
             if current == ConditionStatus.TRUE:
                 continue
+            recorded = find_condition(conditions, ConditionType.RESOURCES_DEPLOYED) is not None
+            if recorded and not current_attempt:
+                # The attempt begins in this call, so none of its creates has been issued: a
+                # CreationInitiated or CreationErrored record here is an earlier attempt's, whose
+                # resources the deletion that ended it removed. (A component created under a
+                # generated name that was never learned keeps such a record through that
+                # deletion, which marks only named components deleted.) Read as this attempt's,
+                # it would make the component wait until "it can be told whether it was already
+                # created", which nothing observed in this call can tell; with no admission grace
+                # that is an immediate counted reset, on every attempt, until the retry limit
+                # fails the AppWrapper. Dropped instead: the component is created, and its
+                # CreationInitiated recorded afresh, as in a first attempt.
+                conditions = [
+                    c
+                    for c in conditions
+                    if not (isinstance(c, Mapping) and c.get("type") == ConditionType.RESOURCES_DEPLOYED)
+                ]
+                entry["conditions"] = conditions
+                current = None
             seen = self.observed.component(index) if current_attempt else ObservedComponent()
             described = f"{entry.get('kind', '?')} {entry.get('name') or seen.name or '<generated>'}"
             outcome = outcomes.get(index)

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from services.lifecycle.actions import (
@@ -454,6 +454,62 @@ def test_a_component_found_created_after_a_lost_outcome_is_not_created_again() -
     plan = reconcile(aw, present(1), None, PARAMS, T0 + timedelta(seconds=5))
     assert plan.phase == Phase.RUNNING
     assert not of(plan, CreateComponent)
+
+
+def generated(**kw: Any) -> dict[str, Any]:
+    """An AppWrapper whose one component is created under a generated name."""
+    template = job()
+    template["metadata"] = {"generateName": "train-"}
+    return appwrapper(components=[{"template": template}], **kw)
+
+
+def test_a_create_record_left_by_an_earlier_attempt_does_not_hold_up_the_next_one() -> None:
+    # The create of a generated-name component is issued, and the AppWrapper is suspended before
+    # its outcome is recorded: the component keeps its CreationInitiated record and no name.
+    params = dataclasses.replace(PARAMS, admission_grace=timedelta(0))
+    aw = generated()
+    aw = apply(aw, reconcile(aw, Observed(), None, params, T0))
+    assert comp_cond(aw)["reason"] == ComponentReason.CREATION_INITIATED
+    aw["spec"]["suspend"] = True
+    found = Observed(components=(ObservedComponent(Presence.PRESENT, True, "train-x7k2p", "u1"),), pods=())
+    plan = reconcile(aw, found, None, params, T0 + timedelta(seconds=1))
+    aw = apply(aw, plan)
+    assert plan.phase == Phase.SUSPENDING
+    assert [d.name for d in of(plan, DeleteComponent)] == ["train-x7k2p"]
+    # Looked for by the annotation of the attempt it was created in: gone.
+    plan = reconcile(aw, gone(1), None, params, T0 + timedelta(seconds=2))
+    aw = apply(aw, plan)
+    assert plan.phase == Phase.SUSPENDED
+    assert aw["status"]["componentStatus"][0]["name"] == ""
+
+    # Admitted again: the record describes the earlier attempt, whose resources are gone, so the
+    # new attempt creates the component at once (no admission grace to wait in, no reset).
+    aw["spec"]["suspend"] = False
+    plan = reconcile(aw, Observed(), None, params, T0 + timedelta(seconds=3))
+    aw = apply(aw, plan)
+    assert plan.phase == Phase.RESUMING
+    assert [c.index for c in of(plan, CreateComponent)] == [0]
+    assert aw["status"].get("resettingCount", 0) == 0
+    assert comp_cond(aw)["reason"] == ComponentReason.CREATION_INITIATED
+    assert comp_cond(aw)["lastTransitionTime"] == "2025-03-01T12:00:03Z", "recorded for this attempt"
+
+
+def test_one_create_error_without_admission_grace_costs_one_retry_not_all_of_them() -> None:
+    params = dataclasses.replace(PARAMS, admission_grace=timedelta(0), retry_pause=timedelta(0))
+    aw = generated()
+    aw = apply(aw, reconcile(aw, Observed(), None, params, T0))
+    error = {0: CreateOutcome(result=CreateResult.ERROR, message="etcdserver: request timed out")}
+    plan = reconcile(aw, Observed(created=error), None, params, T0)
+    aw = apply(aw, plan)
+    assert plan.phase == Phase.RESETTING
+    assert aw["status"]["resettingCount"] == 1
+    assert comp_cond(aw)["reason"] == ComponentReason.CREATION_ERRORED
+    aw = apply(aw, reconcile(aw, gone(1), None, params, T0 + timedelta(seconds=1)))
+    plan = reconcile(aw, gone(1), None, params, T0 + params.recreate_delay + timedelta(seconds=1))
+    aw = apply(aw, plan)
+    assert plan.phase == Phase.RESUMING, "the next attempt creates, it does not reset again"
+    assert [c.index for c in of(plan, CreateComponent)] == [0]
+    assert aw["status"]["resettingCount"] == 1
 
 
 def test_conflicting_pod_set_info_is_a_terminal_error_naming_component_path_and_key() -> None:
@@ -1293,8 +1349,49 @@ def cluster_after(observed: Observed, plan: Plan, n: int) -> Observed:
     return Observed(tuple(comps), tuple(pods), created)
 
 
+# Admitted again with the create record an earlier attempt left on a component whose name was
+# never learned, and no admission grace: the record must not make each attempt reset in turn.
+LEFTOVER_CREATE_RECORD = (
+    appwrapper(
+        components=[{"template": job("c0")}],
+        status={
+            "phase": "Suspended",
+            "conditions": [],
+            "componentStatus": [
+                {
+                    "name": "",
+                    "kind": "Job",
+                    "apiVersion": "batch/v1",
+                    "podSets": [{"path": "template.spec.template", "replicas": 2}],
+                    "conditions": [
+                        {
+                            "type": "ResourcesDeployed",
+                            "status": "Unknown",
+                            "reason": "Resuming",
+                            "message": "",
+                            "lastTransitionTime": "2025-03-01T12:00:00Z",
+                        }
+                    ],
+                }
+            ],
+        },
+    ),
+    Observed(components=(), pods=None, created={}, nodes=None),
+    verdict("Healthy", reason="FoundFailedPods", count=0, at=T0, terminal=False, counts_toward_retry=False),
+    FaultTolerance(
+        admission_grace=timedelta(0),
+        retry_pause=timedelta(0),
+        retry_limit=2,
+        deletion_on_failure_grace=timedelta(0),
+        forceful_deletion_grace=timedelta(0),
+    ),
+    T0,
+)
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.lists(st.integers(min_value=0, max_value=200), min_size=1, max_size=8))
+@example(LEFTOVER_CREATE_RECORD, [0, 2])
 def test_reconcile_never_raises_never_exceeds_the_limit_and_counts_a_verdict_once(
     scenario: tuple[dict[str, Any], Observed, Verdict | None, FaultTolerance, datetime], later: list[int]
 ) -> None:
