@@ -54,6 +54,7 @@ from shared.messages import (
 )
 from shared.partitions import partitions_of
 from shared.runtime import Runtime, entry
+from shared.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("respawn.health")
@@ -358,9 +359,8 @@ class HealthService:
         partition = self.partitions.pop(number, None)
         if partition is None:
             return
-        if partition.task is not None and not partition.task.done():
-            partition.task.cancel()
-            await asyncio.gather(partition.task, return_exceptions=True)
+        if partition.task is not None:
+            await cancel_and_wait([partition.task])
         if partition.replay is not None:
             await partition.replay.stop()
         keys = [key for key, held in self.partition_by_key.items() if held == number]
@@ -412,14 +412,10 @@ class HealthService:
             tasks.append(asyncio.create_task(self.membership.run(), name="health-membership"))
             await asyncio.gather(*tasks, nodes.task or asyncio.Event().wait())
         finally:
-            # The membership first: leaving deletes this replica's key, so the others take its
-            # share at once instead of after the member TTL.
-            for task in reversed(tasks):
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            for partition in list(self.partitions.values()):
-                if partition.task is not None:
-                    partition.task.cancel()
+            # Waited for: the membership leaves on its way out (deletes this replica's key), so
+            # the others take its share at once instead of after the member TTL.
+            loads = [p.task for p in self.partitions.values() if p.task is not None]
+            await cancel_and_wait([*tasks, *loads])
 
 
 async def main(rt: Runtime) -> None:
