@@ -278,6 +278,12 @@ class HealthService:
         for number in sorted(current - set(self.partitions)):
             self.take(number)
 
+    def replay_durable(self, number: int) -> str:
+        return f"{self.me}-p{number}"
+
+    def seed_durable(self, number: int) -> str:
+        return f"{self.me}-p{number}-verdicts"
+
     def take(self, number: int) -> None:
         partition = Partition(number)
         self.partitions[number] = partition
@@ -292,12 +298,11 @@ class HealthService:
         """
         number = partition.number
         await until_done(f"reading the last verdicts of partition {number}", lambda: self.seed(number))
-        durable = f"{self.me}-p{number}"
 
         async def start() -> None:
             partition.replay = await self.rt.bus.replay(
                 subjects.OBSERVATIONS_STREAM,
-                durable,
+                self.replay_durable(number),
                 subjects.appwrapper_obs_partition_filter(number),
                 AnyObservation,
                 functools.partial(self.on_observation, partition),
@@ -323,7 +328,7 @@ class HealthService:
 
         await self.rt.bus.replay(
             subjects.VERDICTS_STREAM,
-            f"{self.me}-p{number}-verdicts",
+            self.seed_durable(number),
             subjects.verdict_partition_filter(number),
             Verdict,
             remember,
@@ -362,7 +367,12 @@ class HealthService:
         if partition.task is not None:
             await cancel_and_wait([partition.task])
         if partition.replay is not None:
-            await partition.replay.stop()
+            await partition.replay.stop()  # deletes its consumer
+        else:
+            # Loading was cancelled: a consumer the server created just before may be left, with
+            # no replay to delete it (a finished seeding has already deleted its own).
+            await self.rt.bus.delete_consumer(subjects.VERDICTS_STREAM, self.seed_durable(number))
+            await self.rt.bus.delete_consumer(subjects.OBSERVATIONS_STREAM, self.replay_durable(number))
         keys = [key for key, held in self.partition_by_key.items() if held == number]
         for key in keys:
             self.forget(key)

@@ -51,6 +51,20 @@ def replicas(start: ServiceFactory, *names: str) -> list[ServiceProcess]:
         return list(pool.map(lambda name: replica(start, name), names))
 
 
+async def partition_consumers(bus: Bus) -> dict[int, list[str]]:
+    """The replicas (by instance) with a consumer of each partition's observations; and
+    ``-1: [...]`` for health consumers of the verdicts, which only live while a partition loads."""
+    found: dict[int, list[str]] = {}
+    for stream in (subjects.OBSERVATIONS_STREAM, subjects.VERDICTS_STREAM):
+        for info in await bus.js.consumers_info(stream):
+            if not info.name.startswith("health-"):
+                continue
+            member = info.name.split("-")[1]  # health-<instance>-<run>-p<partition>[-verdicts]
+            part = int(info.config.filter_subject.rsplit(".", 1)[1])
+            found.setdefault(part if stream == subjects.OBSERVATIONS_STREAM else -1, []).append(member)
+    return {p: sorted(members) for p, members in found.items()}
+
+
 def held(sp: ServiceProcess) -> float:
     return metric(sp, "respawn_health_appwrappers")
 
@@ -131,6 +145,15 @@ async def test_a_killed_replicas_partitions_are_judged_by_the_survivor_within_th
         "a and b to own their shares",
         lambda: (owned(a), owned(b)),
         done=lambda got: got == (len(share["a"]), len(share["b"])),
+        within=10,
+    )
+    # One consumer per partition, its owner's; nothing left of a partition a replica took and
+    # let go of while the two learned of each other (a consumer created as its load was cancelled).
+    expected = {p: [member] for member, parts in share.items() for p in parts}
+    await until(
+        "one observation consumer per partition, its owner's, and no other",
+        lambda: partition_consumers(own_bus),
+        done=lambda got: got == expected,
         within=10,
     )
     # Running and healthy, each judged once by b.
