@@ -37,7 +37,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 
 from services.health.rules import evaluate
-from services.health.state import AppWrapperHealth, affected_by, apply, remember_published, supersedes
+from services.health.state import AppWrapperHealth, affected_by, apply, gone, remember_published, supersedes
 from shared import metrics, subjects
 from shared.bus import Delivery, Replay, replay_consumer_name, until_done
 from shared.bus.membership import Membership
@@ -234,9 +234,14 @@ class HealthService:
         key = self.key_of(message)
         if key is None or self.partitions.get(partition.number) is not partition:
             return
-        self.states[key] = apply(self.state_for(key, partition.number), message)  # type: ignore[arg-type]
-        self.trace_contexts[key] = delivery.trace_context
+        state = apply(self.state_for(key, partition.number), message)  # type: ignore[arg-type]
         OBSERVATIONS.inc()
+        if partition.caught_up and gone(state):
+            # E.g. the tombstone of a pod whose AppWrapper's deletion was already published.
+            self.forget(key)
+            return
+        self.states[key] = state
+        self.trace_contexts[key] = delivery.trace_context
         if partition.caught_up:
             self.mark_dirty(key)
 
@@ -347,7 +352,17 @@ class HealthService:
         if self.partitions.get(partition.number) is not partition:
             return
         partition.caught_up = True
-        keys = [key for key, number in self.partition_by_key.items() if number == partition.number]
+        keys = []
+        for key, number in list(self.partition_by_key.items()):
+            if number != partition.number:
+                continue
+            # Only now is it known that nothing more of it is in the stream: an AppWrapper whose
+            # deletion was published long ago (its last verdict read, its tombstone gone), or
+            # objects whose every observation was a tombstone.
+            if gone(self.states[key]):
+                self.forget(key)
+            else:
+                keys.append(key)
         log.info("partition %d: replayed %d AppWrappers; evaluating", partition.number, len(keys))
         for key in keys:
             self.mark_dirty(key)
