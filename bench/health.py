@@ -20,6 +20,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -255,6 +256,7 @@ async def throughput_run(messages: list[tuple[str, bytes, str]], appwrappers: in
                 os.kill(r.proc.pid, signal.SIGCONT)  # a stopped process cannot handle SIGTERM
             stop_pid(r.proc.pid)
         server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)  # the server's store: 18,000 observations per run
 
 
 def table(rows: list[Row]) -> str:
