@@ -15,6 +15,10 @@ permissions are derived from what :mod:`shared.bus` and the services actually se
 - **Streams.** Every service may look up and create every stream (``Bus.ensure_streams`` runs in
   each at start, so they can start in any order), but only a stream's one owner
   (:data:`STREAM_OWNERS`) may update its configuration. No user may delete or purge a stream.
+- **Replicas.** The replicas of every service find each other in the KV bucket
+  ``RESPAWN_MEMBERS`` (:class:`shared.bus.membership.Membership`, stream :data:`MEMBERS_STREAM`):
+  a service may write only its own group's keys (``$KV.RESPAWN_MEMBERS.<service>.>``), and every
+  service may watch the bucket.
 - **Outside readers** do not live in the ``RESPAWN`` account at all. Each has an account of its
   own that holds *mirrors* of the public streams (:func:`mirror_stream_config`, created once by
   ``python -m respawn.natsauth mirrors``): the ``RESPAWN`` account exports to it only what a
@@ -37,6 +41,11 @@ Known limits, which NATS permissions cannot express more tightly:
   per-run consumer names are random, may each address the other's per-run consumers on the
   observation stream (never lifecycle's durables, which are denied by name);
 - services share the ``_INBOX.>`` reply space with each other;
+- the watch of the members bucket is an ordered consumer that nats-py creates with the legacy
+  request (its name in the body), which permissions cannot pin to a name or a filter: a service
+  could rewrite another's watch consumer on that bucket, so that its replicas miss their peers
+  for a while (each then judges more than its share, and verdicts are de-duplicated), but never
+  write another group's keys;
 - a reader's flow-control replies for its own ordered consumers also reach the ``RESPAWN``
   account (the subjects are the same); a flow-control reply can only let a push consumer send on.
 
@@ -56,16 +65,18 @@ import re
 import secrets
 import string
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from shared import subjects
 from shared.bus import StreamSpec, default_streams
+from shared.bus.membership import MEMBERS_BUCKET
 
 __all__ = [
     "ACCOUNT",
     "LIFECYCLE_DURABLES",
+    "MEMBERS_STREAM",
     "MIRROR_API_PREFIX",
     "PUBLIC_STREAMS",
     "SECRET_NAME",
@@ -112,6 +123,8 @@ ALL_STREAMS = (
 # The one user that may change each stream's configuration: the stream's owner in the bus's own
 # specs (shared.bus.StreamSpec.owner), the service that produces into it.
 STREAM_OWNERS: Mapping[str, str] = {s.name: s.owner.removeprefix("respawn-") for s in default_streams()}
+# The stream behind the KV bucket in which the replicas of each service find each other.
+MEMBERS_STREAM = f"KV_{MEMBERS_BUCKET}"
 # lifecycle's durable consumers (services/lifecycle/service.py), shared by its replicas.
 LIFECYCLE_DURABLES: Mapping[str, str] = {
     subjects.VERDICTS_STREAM: "lifecycle-verdicts",
@@ -202,6 +215,12 @@ class _ServiceBus:
     dead_letters: bool = False
 
 
+def _any_partition(partition_filter: Callable[[int], str]) -> str:
+    """A per-partition filter subject (its partition is its last token) for whichever partition:
+    a consumer-create request names the filter of one partition, which ``*`` covers."""
+    return partition_filter(0).rsplit(".", 1)[0] + ".*"
+
+
 _OBS = subjects.OBSERVATIONS_STREAM
 _BUS: Mapping[str, _ServiceBus] = {
     # The watcher dead-letters an object it cannot publish (too large, too deep, untranslatable).
@@ -209,12 +228,14 @@ _BUS: Mapping[str, _ServiceBus] = {
     "health": _ServiceBus(
         publishes=(subjects.verdict_filter(),),
         reads=(
-            # Per-run replay consumers (Bus.replay): each replica replays the streams into memory,
-            # and removes its consumers when it stops rather than leaving them to expire.
-            _Reads(_OBS, subjects.appwrapper_obs_filter(), deletes=True),
+            # Per-run replay consumers (Bus.replay), one per partition a replica owns: each
+            # replays its partitions' observations into memory, and removes its consumers when it
+            # stops or lets go of a partition rather than leaving them to expire.
+            _Reads(_OBS, _any_partition(subjects.appwrapper_obs_partition_filter), deletes=True),
             _Reads(subjects.NODE_VERDICTS_STREAM, subjects.node_verdict_filter(), deletes=True),
-            # The last verdict per AppWrapper, replayed at start so none is published twice.
-            _Reads(subjects.VERDICTS_STREAM, subjects.verdict_filter(), deletes=True),
+            # The last verdict per AppWrapper of a partition, read when the partition is taken so
+            # none is published twice.
+            _Reads(subjects.VERDICTS_STREAM, _any_partition(subjects.verdict_partition_filter), deletes=True),
         ),
     ),
     "lifecycle": _ServiceBus(
@@ -249,6 +270,27 @@ def _stream_setup(service: str) -> list[str]:
         if STREAM_OWNERS[stream] == service:
             subjects_.append(f"{_API}.STREAM.UPDATE.{stream}")
     return subjects_
+
+
+def _membership(service: str) -> list[str]:
+    """What :class:`shared.bus.membership.Membership` sends for the replicas of ``service``: each
+    heartbeats under its own group's keys of the KV bucket and watches the bucket's keys."""
+    return [
+        # The bucket is a stream, looked up at start and created by whichever replica of whichever
+        # service comes first; never updated.
+        f"{_API}.STREAM.INFO.{MEMBERS_STREAM}",
+        f"{_API}.STREAM.CREATE.{MEMBERS_STREAM}",
+        # A heartbeat (put) and a clean stop (delete) are publishes to the key's subject: only
+        # the service's own group, so no service can make another's replicas look alive or dead.
+        f"$KV.{MEMBERS_BUCKET}.{service}.>",
+        # The watch: an ordered push consumer that nats-py creates without a name in the subject
+        # (the legacy form), asks for its state, re-creates after a gap, and answers the flow
+        # control of; it delivers to an inbox.
+        f"{_API}.CONSUMER.CREATE.{MEMBERS_STREAM}",
+        f"{_API}.CONSUMER.INFO.{MEMBERS_STREAM}.*",
+        f"{_API}.CONSUMER.DELETE.{MEMBERS_STREAM}.*",
+        f"$JS.FC.{MEMBERS_STREAM}.>",
+    ]
 
 
 def _consumer_ops(stream: str, name: str, *, deletes: bool) -> list[str]:
@@ -304,7 +346,7 @@ def service_permissions(service: str) -> Permissions:
         bus = _BUS[service]
     except KeyError:
         raise ValueError(f"unknown service {service!r}; expected one of {', '.join(SERVICES)}") from None
-    publish = [*bus.publishes, *_stream_setup(service)]
+    publish = [*bus.publishes, *_stream_setup(service), *_membership(service)]
     for reads in bus.reads:
         publish += _pull_consumer(reads)
     if bus.reads or bus.dead_letters:

@@ -34,6 +34,7 @@ __all__ = [
     "PodRecord",
     "affected_by",
     "apply",
+    "gone",
     "remember_published",
     "supersedes",
 ]
@@ -217,6 +218,21 @@ def affected_by(state: AppWrapperHealth, previous: NodeVerdict | None, current: 
     if not changed:
         return False
     return any(pod.node_name in changed and current.resource in pod.resources for pod in state.pods.values())
+
+
+def gone(state: AppWrapperHealth) -> bool:
+    """Whether holding this AppWrapper serves nothing any more.
+
+    Either its deletion was published (the last verdict says ``Deleted``, and the only AppWrapper
+    of that name known, if any, is the deleted one), so nothing more will be said of it; or
+    nothing at all is known of it (the tombstones of its last objects were folded in, and no
+    verdict was read for it). A state holding pods or components but no AppWrapper is kept: its
+    AppWrapper's observation may be on its way (published again after the stream discarded it).
+    """
+    aw, last = state.appwrapper, state.last_verdict
+    if last is not None and last.state == "Deleted":
+        return aw is None or (aw.deleted and aw.ref.uid in ("", last.ref.uid))
+    return last is None and aw is None and not state.pods and not state.components
 
 
 def remember_published(state: AppWrapperHealth, verdict: Verdict) -> AppWrapperHealth:

@@ -17,7 +17,14 @@ from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, TracerP
 
 from shared import metrics, subjects
 from shared.bus.connection import ConnectionState, TlsFiles, connect_options, open_connection, redact
-from shared.bus.consume import Consumer, DeliverPolicy, StreamMissing, consumer_config, ensure_consumer
+from shared.bus.consume import (
+    Consumer,
+    DeliverPolicy,
+    StreamMissing,
+    consumer_config,
+    delete_consumer,
+    ensure_consumer,
+)
 from shared.bus.deadletter import (
     DL_OBJECT_KIND_HEADER,
     DL_OBJECT_NAME_HEADER,
@@ -35,6 +42,9 @@ from shared.bus.streams import StreamLimits, StreamSpec, default_streams, ensure
 from shared.messages import Message
 
 log = logging.getLogger(__name__)
+
+# How long deleting a consumer may take; past it the server's inactivity timeout removes it.
+_DELETE_TIMEOUT = 2.0
 
 
 class Bus:
@@ -240,6 +250,24 @@ class Bus:
         except StreamMissing:
             await self.restore_stream(stream)
             await ensure_consumer(self._js, stream, config)
+
+    async def delete_consumer(self, stream: str, durable: str) -> None:
+        """Delete this service's consumer ``durable`` of ``stream``; one already gone is fine.
+
+        For a consumer whose replay never started (its start was cancelled after the server had
+        created it): a started replay deletes its own (:meth:`Replay.stop`). A failure is only
+        logged: the server removes the consumer once it has been inactive for long enough.
+        """
+        try:
+            await asyncio.wait_for(delete_consumer(self._js, stream, durable), _DELETE_TIMEOUT)
+        except Exception as exc:
+            log.info(
+                "could not delete consumer %s/%s (%s: %s); the server removes it once inactive",
+                stream,
+                durable,
+                type(exc).__name__,
+                exc,
+            )
 
     async def restore_stream(self, stream: str) -> None:
         """Create ``stream`` again from the spec this bus knows for it (:class:`BusError` if it

@@ -33,6 +33,7 @@ from nats.js import api
 
 from shared import metrics
 from shared.partitions import assign, live, partition_of, partitions_of
+from shared.tasks import cancel_and_wait
 
 __all__ = ["MEMBERS_BUCKET", "Membership", "OnChange", "member_id"]
 
@@ -116,9 +117,7 @@ class Membership:
         try:
             await asyncio.gather(*tasks)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(tasks)
             await self.leave()
 
     async def leave(self) -> None:

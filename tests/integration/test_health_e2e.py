@@ -433,10 +433,16 @@ async def test_idle_healthy_appwrapper_produces_no_verdict_churn(
 
     async def taken_in() -> bool:
         assert await verdicts.count() == 1, "a verdict was published for an unchanged state"
-        # health-<instance>[-<run>]: unique per run, so it is found by its prefix.
+        # health-<instance>-<run>-p<partition>: one per partition it owns, unique per run, so it
+        # is found by its prefix and its partition's filter.
         consumers = await js.consumers_info(OBSERVATIONS)
-        ours = [c for c in consumers if c.name.startswith(f"health-{stack.health_instance}")]
-        assert len(ours) == 1, f"expected one observation consumer of this health instance: {ours}"
+        part = subjects.appwrapper_obs_partition_filter(subjects.partition(namespace, "idle"))
+        ours = [
+            c
+            for c in consumers
+            if c.name.startswith(f"health-{stack.health_instance}") and c.config.filter_subject == part
+        ]
+        assert len(ours) == 1, f"expected one consumer of idle's partition for this health instance: {ours}"
         return bool(ours[0].ack_floor.stream_seq >= last_seq)
 
     await until("health to take in the pod updates", taken_in, within=20, every=0.1)

@@ -6,7 +6,9 @@ look at streams and consumers from outside the users under test.
 
 - Each service, connected as its own user through :class:`shared.bus.Bus`, can do what its code
   does: publish its messages, set the streams up in any start order, consume, ack and dead-letter
-  with the consumer names and filters its code uses, update the stream it owns.
+  with the consumer names and filters its code uses, update the stream it owns, and find its
+  other replicas in the members bucket (heartbeats under its own group only). Two health
+  processes run as the health user split the partitions and judge.
 - The server refuses a service updating a stream it does not own, touching lifecycle's durables,
   or publishing another service's messages.
 - An outside reader mirrors the public streams into its own account and reads them there with
@@ -39,6 +41,7 @@ from respawn import natsauth
 from respawn.cli import explain, tail
 from shared import subjects
 from shared.bus import Bus, Delivery, default_streams, replay_consumer_name
+from shared.bus.membership import MEMBERS_BUCKET, Membership
 from shared.messages import (
     AnyObservation,
     AppWrapperObservation,
@@ -51,7 +54,10 @@ from shared.messages import (
     Verdict,
     decode,
 )
+from shared.partitions import assign
 from tests.integration import natsauth_fixtures
+from tests.integration.conftest import services_on
+from tests.integration.healthfeed import MEMBERSHIP, fail, judged, owned, verdicts, workloads
 from tests.integration.natsauth_fixtures import AuthNats, Client, start_auth_nats
 from tests.waiting import until
 
@@ -212,6 +218,18 @@ def lifecycle_event(ns: str, aw: str) -> tuple[str, Message]:
     return subjects.lifecycle_event(ns, aw), message
 
 
+# The partition health's consumers read in these tests (it reads one partition per consumer).
+PARTITION = 3
+
+
+def in_partition(partition: int) -> tuple[str, str]:
+    """A new namespace and AppWrapper name in ``partition``."""
+    while True:
+        ns, aw = unique("ns"), unique("aw")
+        if subjects.partition(ns, aw) == partition:
+            return ns, aw
+
+
 @dataclass(frozen=True)
 class Feed:
     """A consumer a service keeps, as its code creates it, and who produces into its stream."""
@@ -236,11 +254,11 @@ FEEDS: dict[str, list[Feed]] = {
     "health": [
         Feed(
             subjects.OBSERVATIONS_STREAM,
-            lambda: replay_consumer_name("health"),
-            subjects.appwrapper_obs_filter(),
+            lambda: f"{replay_consumer_name('health')}-p{PARTITION}",
+            subjects.appwrapper_obs_partition_filter(PARTITION),
             AnyObservation,
             "watcher",
-            lambda: pod_observation(unique("ns"), unique("aw")),
+            lambda: pod_observation(*in_partition(PARTITION)),
         ),
         Feed(
             subjects.NODE_VERDICTS_STREAM,
@@ -357,12 +375,15 @@ async def test_each_service_user_can_do_its_job_on_the_bus(auth_nats: AuthNats, 
                 follow=False,
             )
             assert read == [message]
-            # The replay it follows from then on, stopped and deleted at shutdown.
+            # The replay it follows from then on (health: one per partition it owns), stopped and
+            # deleted at shutdown.
             durable = replay_consumer_name(service)
             observations = await bus.replay(
                 subjects.OBSERVATIONS_STREAM,
                 durable,
-                subjects.node_obs_filter() if service == "autopilot" else subjects.appwrapper_obs_filter(),
+                subjects.node_obs_filter()
+                if service == "autopilot"
+                else subjects.appwrapper_obs_partition_filter(PARTITION),
                 NodeObservation if service == "autopilot" else AnyObservation,
                 _ignore,
                 fetch_timeout=0.2,
@@ -374,6 +395,104 @@ async def test_each_service_user_can_do_its_job_on_the_bus(auth_nats: AuthNats, 
 
 async def _ignore(message: Message, delivery: Delivery) -> None:
     return None
+
+
+async def _no_change(previous: frozenset[int], current: frozenset[int]) -> None:
+    return None
+
+
+@pytest.mark.parametrize("service", SERVICES)
+async def test_each_services_replicas_find_each_other_in_the_members_bucket(
+    auth_nats: AuthNats, service: str
+) -> None:
+    # Two replicas as Membership runs them (shared/bus/membership.py), each on its own connection
+    # as the service's user: bucket looked up or created, heartbeats, the watch of the group.
+    partitions = 6
+    async with client(auth_nats, service) as one, client(auth_nats, service) as two:
+        members = [
+            Membership(
+                c,
+                service,
+                partitions=partitions,
+                heartbeat=0.2,
+                ttl=1.0,
+                on_change=_no_change,
+                member=unique("r"),
+            )
+            for c in (one, two)
+        ]
+        tasks = [asyncio.create_task(m.run()) for m in members]
+        try:
+            await until(
+                f"{service}'s two replicas to split the partitions",
+                lambda: (
+                    sorted(p for m in members for p in m.owned) == list(range(partitions))
+                    and all(m.members == {members[0].member, members[1].member} for m in members)
+                ),
+                within=10,
+            )
+            # Its own group's keys only: a heartbeat for another service's replica is refused.
+            for other in SERVICES:
+                if other != service:
+                    await one.publish_refused(f"$KV.{MEMBERS_BUCKET}.{other}.{unique('forged')}")
+            # A clean stop deletes the key (a publish too), and the other takes the share.
+            tasks[1].cancel()
+            await asyncio.gather(tasks[1], return_exceptions=True)
+            async with client(auth_nats, OBSERVER) as observer:
+                kv = await observer.js.key_value(MEMBERS_BUCKET)
+                with pytest.raises(nats.js.errors.KeyNotFoundError):  # KeyDeletedError: it was there
+                    await kv.get(f"{service}.{members[1].member}")
+                assert (await kv.get(f"{service}.{members[0].member}")).value
+            await until(
+                f"the remaining {service} replica to own every partition",
+                lambda: members[0].owned == frozenset(range(partitions)),
+                within=10,
+            )
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        # Nothing refused but the forged heartbeats.
+        assert "$kv.respawn_members." + service not in one.refusals().lower()
+        assert [line for line in one.refusals().splitlines() if "$kv." not in line.lower()] == []
+        assert two.refusals() == ""
+
+
+async def test_health_processes_as_the_health_user_share_the_partitions_and_judge(
+    fresh_nats: AuthNats, tmp_path: Path
+) -> None:
+    # Two health processes as the deployment runs them: the health user, each its own instance.
+    credentials = {"NATS_USER": "health", "NATS_PASSWORD": fresh_nats.passwords["health"], **MEMBERSHIP}
+    log_dir = tmp_path / "logs"
+    with services_on(tmp_path / "no-kubeconfig", fresh_nats.url, log_dir) as start:
+        a = start("health", instance="a", env={**credentials, "RESPAWN_INSTANCE": "a"})
+        b = start("health", instance="b", env={**credentials, "RESPAWN_INSTANCE": "b"})
+        share = assign(subjects.partitions(), ["a", "b"])
+        await until(
+            "a and b to own their shares",
+            lambda: (owned(a), owned(b)),
+            done=lambda got: got == (len(share["a"]), len(share["b"])),
+            within=10,
+        )
+        batch = workloads(unique("ns"), 12)
+        async with service_bus(fresh_nats, "watcher") as watcher:
+            await fail(watcher, batch)
+        async with service_bus(fresh_nats, "health") as reader:
+            await until(
+                "every AppWrapper judged",
+                lambda: verdicts(reader, batch[0].namespace),
+                done=lambda found: judged(found) == len(batch),
+            )
+        assert {w.partition in share["a"] for w in batch} == {True, False}  # both judged some
+        b.stop()  # a clean stop: its key is deleted and a takes everything
+        await until("a to own every partition", lambda: owned(a), done=lambda n: n == subjects.partitions())
+    refused = [
+        f"{log.name}: {line}"
+        for log in sorted(log_dir.glob("*.log"))
+        for line in log.read_text(errors="replace").splitlines()
+        if "permissions violation" in line.lower() or "authorization violation" in line.lower()
+    ]
+    assert refused == []
 
 
 async def test_services_start_in_any_order_and_the_first_creates_every_stream(fresh_nats: AuthNats) -> None:

@@ -11,7 +11,14 @@ import pytest
 
 from respawn.testbed import manifests
 from services.health.rules import REASON_APPWRAPPER_DELETED, Decision, evaluate, verdict_msg_id
-from services.health.state import AppWrapperHealth, Observation, affected_by, apply, remember_published
+from services.health.state import (
+    AppWrapperHealth,
+    Observation,
+    affected_by,
+    apply,
+    gone,
+    remember_published,
+)
 from shared.appwrapper.constants import CONTROLLER_NAME
 from shared.appwrapper.params import (
     ADMISSION_GRACE_PERIOD_ANNOTATION,
@@ -722,6 +729,40 @@ def test_deleting_the_appwrapper_publishes_one_deleted_verdict() -> None:
 def test_a_tombstone_of_an_appwrapper_never_seen_alive_says_nothing() -> None:
     tombstone = AppWrapperObservation(ref=ObjectRef(namespace=NS, name=AW), deleted=True, observed_at=T0)
     assert decide([tombstone], T0).verdict is None
+
+
+def test_an_appwrapper_whose_deletion_was_published_is_gone() -> None:
+    state = fold([aw_obs(), *running("p0", "p1")])
+    healthy = evaluate(state, T0 + MIN)
+    assert not gone(healthy.state)
+    tombstone = AppWrapperObservation(
+        ref=ObjectRef(namespace=NS, name=AW), deleted=True, observed_at=T0 + 2 * MIN
+    )
+    deleted = evaluate(apply(healthy.state, tombstone), T0 + 2 * MIN)
+    assert not gone(apply(healthy.state, tombstone))  # its deletion is yet to be published
+    assert gone(deleted.state)
+    # Read back from the verdict stream by a replica that takes the partition: with the tombstone
+    # still stored, or with nothing stored any more, or with only pods of that incarnation.
+    assert deleted.verdict is not None
+    seeded = remember_published(AppWrapperHealth(namespace=NS, name=AW), deleted.verdict)
+    assert gone(seeded)
+    assert gone(apply(seeded, tombstone))
+    assert gone(fold(running("p0"), seeded))
+    # A new AppWrapper of the same name is not.
+    assert not gone(apply(seeded, aw_obs(uid="aw-uid-2")))
+
+
+def test_nothing_known_is_gone_but_pods_without_their_appwrapper_are_kept() -> None:
+    empty = AppWrapperHealth(namespace=NS, name=AW)
+    assert gone(empty)
+    assert gone(fold([pod("p0", "Running"), pod("p0", deleted=True)]))
+    # Its AppWrapper's observation may come (published again after the stream discarded it).
+    assert not gone(fold(running("p0")))
+    assert not gone(fold([component()]))
+    # A verdict read for it, not about its deletion: kept, so that seq goes on from it.
+    healthy = evaluate(fold([aw_obs(), *running("p0", "p1")]), T0 + MIN).verdict
+    assert healthy is not None
+    assert not gone(remember_published(empty, healthy))
 
 
 # ---------------------------------------------------------------- identity and restarts

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from respawn import natsauth
 from shared import subjects
 from shared.bus import default_streams
+from shared.bus.membership import MEMBERS_BUCKET
 
 REPO = Path(__file__).resolve().parents[2]
 AUTH_CONF = REPO / "deploy" / "nats" / "auth.conf"
@@ -144,6 +145,48 @@ def test_services_cannot_delete_or_purge_streams(service: str) -> None:
         assert perms.may_publish(f"$JS.API.STREAM.CREATE.{stream}")
 
 
+@pytest.mark.parametrize("service", natsauth.SERVICES)
+def test_each_services_replicas_may_heartbeat_only_under_their_own_group(service: str) -> None:
+    # shared/bus/membership.py: a put (heartbeat) or delete (clean stop) of <group>.<member>.
+    perms = natsauth.service_permissions(service)
+    for other in natsauth.SERVICES:
+        for member in ("pod-7c9f", "host-1234"):
+            key = f"$KV.{MEMBERS_BUCKET}.{other}.{member}"
+            assert perms.may_publish(key) is (other == service), (service, key)
+    assert not perms.may_publish(f"$KV.{MEMBERS_BUCKET}.anything")
+    assert not perms.may_publish("$KV.OTHER_BUCKET.health.x")
+
+
+@pytest.mark.parametrize("service", natsauth.SERVICES)
+def test_every_service_may_set_up_and_watch_the_members_bucket(service: str) -> None:
+    perms = natsauth.service_permissions(service)
+    stream = natsauth.MEMBERS_STREAM
+    assert stream == f"KV_{MEMBERS_BUCKET}"
+    # The bucket is created by whichever replica starts first, and watched by an ordered
+    # consumer: created without a name in the subject, asked for its state, flow-controlled.
+    for allowed in (
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.STREAM.CREATE.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.INFO.{stream}.ABCdef123",
+        f"$JS.API.CONSUMER.DELETE.{stream}.ABCdef123",
+        f"$JS.FC.{stream}.abc.1",
+    ):
+        assert perms.may_publish(allowed), (service, allowed)
+    # Nobody changes, deletes or purges the bucket, nor reads it any other way.
+    for refused in (
+        f"$JS.API.STREAM.UPDATE.{stream}",
+        f"$JS.API.STREAM.DELETE.{stream}",
+        f"$JS.API.STREAM.PURGE.{stream}",
+        f"$JS.API.STREAM.MSG.DELETE.{stream}",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.x",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.x",
+    ):
+        assert not perms.may_publish(refused), (service, refused)
+    # The watch delivers to an inbox, never to the bucket's own subjects.
+    assert not perms.may_subscribe(f"$KV.{MEMBERS_BUCKET}.{service}.x")
+
+
 def test_each_stream_has_one_owner_and_only_it_may_update_the_stream() -> None:
     streams = [s.name for s in default_streams()]
     assert sorted(natsauth.STREAM_OWNERS) == sorted(streams)
@@ -190,8 +233,10 @@ def _any_create(service: str, stream: str) -> list[str]:
     every filter any service uses."""
     filters = (
         subjects.appwrapper_obs_filter(),
+        subjects.appwrapper_obs_partition_filter(3),
         subjects.node_obs_filter(),
         subjects.verdict_filter(),
+        subjects.verdict_partition_filter(3),
         subjects.node_verdict_filter(),
         subjects.lifecycle_filter(),
     )
@@ -206,7 +251,16 @@ def test_consumer_creation_is_pinned_to_each_services_names_and_filters() -> Non
     health, lifecycle, autopilot = (
         natsauth.service_permissions(s) for s in ("health", "lifecycle", "autopilot")
     )
-    assert health.may_publish(f"{create}.{obs}.health-pod-1-0a1b2c3d.{aw}")
+    # health reads one partition per consumer, whichever partitions it owns, and nothing wider.
+    for partition in (0, 7, 1023):
+        part = subjects.appwrapper_obs_partition_filter(partition)
+        assert health.may_publish(f"{create}.{obs}.health-pod-1-0a1b2c3d-p{partition}.{part}")
+        verdicts = subjects.verdict_partition_filter(partition)
+        assert health.may_publish(
+            f"{create}.{subjects.VERDICTS_STREAM}.health-pod-1-0a1b2c3d-p{partition}-verdicts.{verdicts}"
+        )
+    assert not health.may_publish(f"{create}.{obs}.health-pod-1-0a1b2c3d.{aw}")
+    assert not health.may_publish(f"{create}.{subjects.VERDICTS_STREAM}.h.{subjects.verdict_filter()}")
     assert not health.may_publish(f"{create}.{obs}.health-pod-1-0a1b2c3d.{node}")
     assert health.may_publish(
         f"{create}.{nodes}.health-pod-1-0a1b2c3d-nodes.{subjects.node_verdict_filter()}"
@@ -270,6 +324,13 @@ def _consume_calls(path: Path) -> list[tuple[str, ast.expr, ast.expr]]:
     return found
 
 
+class _AnyPartition(dict[str, Any]):
+    """Names for ``eval``: any name not otherwise bound stands for a partition number."""
+
+    def __missing__(self, key: str) -> int:
+        return 5
+
+
 @pytest.mark.parametrize("service", natsauth.SERVICES)
 def test_every_consumer_in_the_services_code_is_permitted_by_name_and_filter(service: str) -> None:
     # The durable names and filters are read from the services' code, so a new or renamed
@@ -278,7 +339,8 @@ def test_every_consumer_in_the_services_code_is_permitted_by_name_and_filter(ser
     calls = _consume_calls(REPO / "services" / service / "service.py")
     for stream, durable, filter_ in calls:
         assert isinstance(filter_, ast.Call), ast.unparse(filter_)
-        subject_filter = eval(ast.unparse(filter_), {"subjects": subjects})  # a subjects.*_filter() call
+        # A subjects.*_filter() call; a name among its arguments is a partition number.
+        subject_filter = eval(ast.unparse(filter_), {}, _AnyPartition(subjects=subjects))
         if isinstance(durable, ast.Constant):
             name = durable.value
             assert natsauth.LIFECYCLE_DURABLES.get(stream) == name and service == "lifecycle", name
