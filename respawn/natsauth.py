@@ -75,7 +75,6 @@ from shared.bus.membership import MEMBERS_BUCKET
 
 __all__ = [
     "ACCOUNT",
-    "LIFECYCLE_DURABLES",
     "MEMBERS_STREAM",
     "MIRROR_API_PREFIX",
     "PUBLIC_STREAMS",
@@ -91,6 +90,7 @@ __all__ = [
     "ensure_mirrors",
     "generate_password",
     "inbox_prefix",
+    "lifecycle_durables",
     "main",
     "mirror_deliver_prefix",
     "mirror_stream_config",
@@ -125,11 +125,23 @@ ALL_STREAMS = (
 STREAM_OWNERS: Mapping[str, str] = {s.name: s.owner.removeprefix("respawn-") for s in default_streams()}
 # The stream behind the KV bucket in which the replicas of each service find each other.
 MEMBERS_STREAM = f"KV_{MEMBERS_BUCKET}"
-# lifecycle's durable consumers (services/lifecycle/service.py), shared by its replicas.
-LIFECYCLE_DURABLES: Mapping[str, str] = {
-    subjects.VERDICTS_STREAM: "lifecycle-verdicts",
-    subjects.OBSERVATIONS_STREAM: "lifecycle-observations",
-}
+
+
+def lifecycle_durables() -> list[tuple[str, str, str]]:
+    """(stream, durable, filter) of lifecycle's durable consumers (services/lifecycle/shares.py):
+    one per partition of the verdicts, bound by whichever replica owns the partition. There are
+    ``scaling.partitions`` of them (``--partitions``; consumer names cannot be matched by prefix,
+    so each is named)."""
+    return [
+        (
+            subjects.VERDICTS_STREAM,
+            subjects.lifecycle_verdict_durable(p),
+            subjects.verdict_partition_filter(p),
+        )
+        for p in range(subjects.partitions())
+    ]
+
+
 # Where a reader account sees the RESPAWN account's consumer-create API (its import's prefix).
 MIRROR_API_PREFIX = "$JS.RESPAWN.API"
 # JetStream limits of a reader account: its two mirrors (64 messages per AppWrapper and subject,
@@ -238,17 +250,8 @@ _BUS: Mapping[str, _ServiceBus] = {
             _Reads(subjects.VERDICTS_STREAM, _any_partition(subjects.verdict_partition_filter), deletes=True),
         ),
     ),
-    "lifecycle": _ServiceBus(
-        publishes=(subjects.lifecycle_filter(),),
-        reads=(
-            _Reads(
-                subjects.VERDICTS_STREAM,
-                subjects.verdict_filter(),
-                durable=LIFECYCLE_DURABLES[subjects.VERDICTS_STREAM],
-            ),
-            _Reads(_OBS, subjects.appwrapper_obs_filter(), durable=LIFECYCLE_DURABLES[_OBS]),
-        ),
-    ),
+    # lifecycle's reads depend on the partition count: see _bus().
+    "lifecycle": _ServiceBus(publishes=(subjects.lifecycle_filter(),)),
     "autopilot": _ServiceBus(
         publishes=(subjects.node_verdict_filter(),),
         # Per-run replay consumers (Bus.replay), removed when it stops rather than left to expire.
@@ -329,7 +332,7 @@ def _fixed_durables(exclude: str) -> list[tuple[str, str]]:
     """(stream, durable) of every other service's fixed durables."""
     return [
         (reads.stream, reads.durable)
-        for service, bus in _BUS.items()
+        for service, bus in ((s, _bus(s)) for s in _BUS)
         if service != exclude
         for reads in bus.reads
         if reads.durable is not None
@@ -340,10 +343,20 @@ def _unique(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
+def _bus(service: str) -> _ServiceBus:
+    bus = _BUS[service]
+    if service != "lifecycle":
+        return bus
+    reads = tuple(
+        _Reads(stream, filter_, durable=durable) for stream, durable, filter_ in lifecycle_durables()
+    )
+    return _ServiceBus(publishes=bus.publishes, reads=reads, dead_letters=bus.dead_letters)
+
+
 def service_permissions(service: str) -> Permissions:
     """What ``service`` may publish and subscribe to (``service`` is one of :data:`SERVICES`)."""
     try:
-        bus = _BUS[service]
+        bus = _bus(service)
     except KeyError:
         raise ValueError(f"unknown service {service!r}; expected one of {', '.join(SERVICES)}") from None
     publish = [*bus.publishes, *_stream_setup(service), *_membership(service)]
@@ -798,6 +811,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             metavar="NAME",
             help=f"an outside subscriber's user name (repeatable; default: {SUBSCRIBER})",
         )
+    config.add_argument(
+        "--partitions",
+        type=int,
+        default=subjects.DEFAULT_PARTITIONS,
+        metavar="N",
+        help=f"the installation's scaling.partitions (default {subjects.DEFAULT_PARTITIONS}): lifecycle "
+        "gets one durable consumer per partition",
+    )
     secret.add_argument("--namespace", default="respawn-system")
     secret.add_argument("--name", default=SECRET_NAME)
     mirrors.add_argument("--url", default=os.environ.get("NATS_URL"), help="NATS server (default $NATS_URL)")
@@ -823,6 +844,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         return 0
     try:
+        if args.command == "config":
+            subjects.set_partitions(args.partitions)
         users = default_users(tuple(args.subscribers or (SUBSCRIBER,)))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -128,6 +128,12 @@ def node_verdict_filter() -> str:
     return f"{NODE_VERDICT_PREFIX}.>"
 
 
+def lifecycle_verdict_durable(part: int) -> str:
+    """The durable consumer of partition ``part``'s verdicts, bound by the lifecycle replica that
+    owns the partition (docs/scaling.md)."""
+    return f"lifecycle-verdicts-{part}"
+
+
 def lifecycle_event(namespace: str, appwrapper: str) -> str:
     return f"{LIFECYCLE_PREFIX}.{token(namespace)}.{token(appwrapper)}"
 

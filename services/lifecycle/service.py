@@ -40,11 +40,11 @@ from services.lifecycle.triggers import LatestVerdicts, Triggers
 from services.lifecycle.workqueue import WorkQueue
 from shared import metrics, subjects
 from shared.appwrapper.constants import API_VERSION, KIND
-from shared.bus import Consumer, DeliverPolicy
+from shared.bus import DeliverPolicy
 from shared.kube import Kube, KubeApiError, ResourceRef
 from shared.kube.watch import list_pages
 from shared.kubetime import utcnow
-from shared.messages import AnyObservation, Verdict
+from shared.messages import AnyObservation
 from shared.runtime import Runtime, entry
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,20 @@ class Lifecycle:
         self.resync_period = settings.resync_period
         # Which AppWrappers are this replica's (docs/scaling.md); only those are ever queued.
         self.shares = Shares(
-            rt.bus, config.scaling, start_consumer=self._consume_verdicts, moved=self._share_moved
+            rt.bus,
+            config.scaling,
+            on_verdict=lambda verdict, delivery: self.triggers.on_verdict(verdict, delivery),
+            consumer_options={
+                "max_deliver": 100_000,  # held verdicts are redelivered until they apply
+                # A held verdict is a TransientError, which never counts here: only a verdict whose
+                # handling raises unexpectedly, again and again, is dead-lettered (poison).
+                "max_errors": 10,
+                "ack_wait": 60.0,
+                # One AppWrapper's verdicts in order, different AppWrappers' at once: a verdict
+                # takes a few API round trips, and a burst of them must not queue behind each other.
+                "concurrency": settings.verdict_concurrency,
+            },
+            moved=self._share_moved,
         )
         self.queue = WorkQueue(
             urgent=self.incidents.__contains__, clock=self.clock.now, accept=self.shares.owns
@@ -125,23 +138,6 @@ class Lifecycle:
     async def _appwrapper_pages(self) -> AsyncIterator[Sequence[Mapping[str, Any]]]:
         async for page, _ in list_pages(self.kube, self.appwrappers):
             yield page
-
-    async def _consume_verdicts(self, durable: str, filter_subject: str) -> Consumer[Verdict]:
-        return await self.rt.bus.consume(
-            subjects.VERDICTS_STREAM,
-            durable,
-            filter_subject,
-            Verdict,
-            self.triggers.on_verdict,
-            max_deliver=100_000,  # held verdicts are redelivered until they apply
-            # A held verdict is a TransientError, which never counts here: only a verdict whose
-            # handling raises unexpectedly, again and again, is dead-lettered (poison).
-            max_errors=10,
-            ack_wait=60.0,
-            # One AppWrapper's verdicts in order, different AppWrappers' at once: a verdict
-            # takes a few API round trips, and a burst of them must not queue behind each other.
-            concurrency=self.verdict_concurrency,
-        )
 
     async def _share_moved(self, gained: frozenset[int], lost: frozenset[int]) -> None:
         """Partitions taken over may hold AppWrappers with work or a clock pending that their

@@ -13,24 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from shared import subjects
-from shared.bus import Bus, Consumer
+from shared.bus import Bus, Consumer, Handler
 from shared.bus.membership import Membership
 from shared.config import ScalingConfig
+from shared.messages import Verdict
 
-__all__ = ["Shares", "verdict_durable"]
+__all__ = ["Shares"]
 
 log = logging.getLogger(__name__)
 
 
-def verdict_durable(partition: int) -> str:
-    return f"lifecycle-verdicts-{partition}"
-
-
-StartConsumer = Callable[[str, str], Awaitable[Consumer[Any]]]
 Moved = Callable[[frozenset[int], frozenset[int]], Awaitable[None]]
 
 
@@ -40,14 +36,18 @@ class Shares:
         bus: Bus,
         scaling: ScalingConfig,
         *,
-        start_consumer: StartConsumer,
+        on_verdict: Handler[Verdict],
+        consumer_options: Mapping[str, Any],
         moved: Moved,
     ) -> None:
-        """``start_consumer(durable, filter_subject)``: bind and start one partition's verdict
-        consumer. ``moved(gained, lost)``: what else must follow the share (the caches, a resync)."""
-        self.start_consumer = start_consumer
+        """``on_verdict`` handles each partition's verdicts, with ``consumer_options`` for
+        :meth:`~shared.bus.Bus.consume`. ``moved(gained, lost)``: what else must follow the share
+        (the caches, a resync)."""
+        self.bus = bus
+        self.on_verdict = on_verdict
+        self.consumer_options = dict(consumer_options)
         self.moved = moved
-        self.consumers: dict[int, Consumer[Any]] = {}
+        self.consumers: dict[int, Consumer[Verdict]] = {}
         self.membership = Membership(
             bus,
             "lifecycle",
@@ -75,7 +75,12 @@ class Shares:
         stopping = [self.consumers.pop(p) for p in sorted(lost) if p in self.consumers]
         await asyncio.gather(*(c.stop() for c in stopping), return_exceptions=True)
         for partition in sorted(gained):
-            self.consumers[partition] = await self.start_consumer(
-                verdict_durable(partition), subjects.verdict_partition_filter(partition)
+            self.consumers[partition] = await self.bus.consume(
+                subjects.VERDICTS_STREAM,
+                subjects.lifecycle_verdict_durable(partition),
+                subjects.verdict_partition_filter(partition),
+                Verdict,
+                self.on_verdict,
+                **self.consumer_options,
             )
         await self.moved(gained, lost)

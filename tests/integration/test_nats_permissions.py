@@ -69,8 +69,9 @@ SERVICES = natsauth.SERVICES
 STREAMS = [s.name for s in default_streams()]
 READER = natsauth.SUBSCRIBER
 OBSERVER = "observer"
-VERDICTS_DURABLE = natsauth.LIFECYCLE_DURABLES[subjects.VERDICTS_STREAM]
-OBSERVATIONS_DURABLE = natsauth.LIFECYCLE_DURABLES[subjects.OBSERVATIONS_STREAM]
+# lifecycle's durable of partition 0, and the verdicts it takes.
+_, VERDICTS_DURABLE, VERDICTS_FILTER = natsauth.lifecycle_durables()[0]
+LIFECYCLE_DURABLE_NAMES = {durable for _, durable, _ in natsauth.lifecycle_durables()}
 
 
 def unique(prefix: str) -> str:
@@ -197,6 +198,14 @@ def node_observation(node: str) -> tuple[str, Message]:
     return subjects.node_obs(node), NodeObservation(name=node, observed_at=now(), labels={"a": "b"})
 
 
+def unique_in_partition_zero(prefix: str) -> str:
+    """A new AppWrapper name whose verdicts lifecycle's partition-0 durable takes."""
+    while True:
+        name = unique(prefix)
+        if subjects.partition("ns0", name) == 0:
+            return name
+
+
 def verdict(ns: str, aw: str, state: str = "Healthy") -> tuple[str, Message]:
     message = Verdict(ref=ObjectRef(namespace=ns, name=aw, uid=unique("uid")), state=state, decided_at=now())
     return subjects.verdict(ns, aw), message
@@ -273,18 +282,10 @@ FEEDS: dict[str, list[Feed]] = {
         Feed(
             subjects.VERDICTS_STREAM,
             lambda: VERDICTS_DURABLE,
-            subjects.verdict_filter(),
+            VERDICTS_FILTER,
             Verdict,
             "health",
-            lambda: verdict(unique("ns"), unique("aw")),
-        ),
-        Feed(
-            subjects.OBSERVATIONS_STREAM,
-            lambda: OBSERVATIONS_DURABLE,
-            subjects.appwrapper_obs_filter(),
-            AnyObservation,
-            "watcher",
-            lambda: appwrapper_observation(unique("ns"), unique("aw")),
+            lambda: verdict("ns0", unique_in_partition_zero("aw")),
         ),
     ],
     "autopilot": [
@@ -318,7 +319,7 @@ async def consume_and_dead_letter(auth: AuthNats, service: str, bus: Bus, feed: 
         feed.message_cls,
         handler,
         deliver_policy=api.DeliverPolicy.NEW,
-        inactive_threshold=None if durable in natsauth.LIFECYCLE_DURABLES.values() else 60.0,
+        inactive_threshold=None if durable in LIFECYCLE_DURABLE_NAMES else 60.0,
     )
     await until(f"{service}'s consumer {durable} to bind", lambda: consumer.running, within=10)
     dead_letters = subjects.dead_letter(f"respawn-{service}")
@@ -506,7 +507,7 @@ async def test_services_start_in_any_order_and_the_first_creates_every_stream(fr
             received.append(delivery.subject)
 
         consumer = await lifecycle.consume(
-            subjects.VERDICTS_STREAM, VERDICTS_DURABLE, subjects.verdict_filter(), Verdict, handler
+            subjects.VERDICTS_STREAM, VERDICTS_DURABLE, VERDICTS_FILTER, Verdict, handler
         )
         for service in ("autopilot", "watcher", "health"):
             async with service_bus(fresh_nats, service):  # finds the streams as lifecycle made them
@@ -569,24 +570,22 @@ async def test_a_service_that_does_not_own_a_drifted_stream_keeps_it_and_starts(
 
 @pytest.mark.parametrize("service", ("watcher", "health", "autopilot"))
 async def test_no_other_service_may_touch_lifecycles_durables(auth_nats: AuthNats, service: str) -> None:
+    # The first and the last partition's durables stand for all of them.
+    durables = [natsauth.lifecycle_durables()[i] for i in (0, -1)]
     async with service_bus(auth_nats, "lifecycle") as lifecycle:
-        for stream, durable in natsauth.LIFECYCLE_DURABLES.items():
+        for stream, durable, filter_ in durables:
             await lifecycle.ensure_consumer(
                 stream,
                 api.ConsumerConfig(
                     name=durable,
                     durable_name=durable,
                     ack_policy=api.AckPolicy.EXPLICIT,
-                    filter_subject=subjects.verdict_filter()
-                    if stream == subjects.VERDICTS_STREAM
-                    else subjects.appwrapper_obs_filter(),
+                    filter_subject=filter_,
                 ),
             )
-    before = {
-        s: (await respawn_consumer(auth_nats, s, d)).config for s, d in natsauth.LIFECYCLE_DURABLES.items()
-    }
+    before = {d: (await respawn_consumer(auth_nats, s, d)).config for s, d, _ in durables}
     async with client(auth_nats, service) as c:
-        for stream, durable in natsauth.LIFECYCLE_DURABLES.items():
+        for stream, durable, _ in durables:
             hijack = {"stream_name": stream, "config": {"name": durable, "filter_subject": "respawn.none.>"}}
             for subject in (
                 f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.respawn.none.>",
@@ -598,9 +597,7 @@ async def test_no_other_service_may_touch_lifecycles_durables(auth_nats: AuthNat
                 f"$JS.ACK.{stream}.{durable}.1.1.1.1.0",
             ):
                 await c.publish_refused(subject, json.dumps(hijack).encode())
-    after = {
-        s: (await respawn_consumer(auth_nats, s, d)).config for s, d in natsauth.LIFECYCLE_DURABLES.items()
-    }
+    after = {d: (await respawn_consumer(auth_nats, s, d)).config for s, d, _ in durables}
     assert after == before
 
 
@@ -703,7 +700,7 @@ async def mirrored_count(auth: AuthNats, stream: str, subject: str) -> int:
 
 async def publish_public(auth: AuthNats) -> tuple[tuple[str, Message], tuple[str, Message]]:
     """A verdict and a lifecycle event of a new AppWrapper, once the reader's mirrors hold them."""
-    ns, aw = unique("ns"), unique("aw")
+    ns, aw = "ns0", unique_in_partition_zero("aw")
     v, e = verdict(ns, aw), lifecycle_event(ns, aw)
     async with service_bus(auth, "health") as health, service_bus(auth, "lifecycle") as lifecycle:
         await health.publish(v[0], v[1], msg_id=None)
@@ -754,7 +751,7 @@ async def test_a_reader_can_neither_rewrite_nor_drain_lifecycles_durable(mirrore
                 name=VERDICTS_DURABLE,
                 durable_name=VERDICTS_DURABLE,
                 ack_policy=api.AckPolicy.EXPLICIT,
-                filter_subject=subjects.verdict_filter(),
+                filter_subject=VERDICTS_FILTER,
             ),
         )
         psub = await lifecycle.js.pull_subscribe_bind(

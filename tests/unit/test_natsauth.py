@@ -240,7 +240,7 @@ def _any_create(service: str, stream: str) -> list[str]:
         subjects.node_verdict_filter(),
         subjects.lifecycle_filter(),
     )
-    names = (f"{service}-replica-1a2b3c4d", *natsauth.LIFECYCLE_DURABLES.values())
+    names = (f"{service}-replica-1a2b3c4d", *(d for _, d, _ in natsauth.lifecycle_durables()))
     return [f"$JS.API.CONSUMER.CREATE.{stream}.{n}.{f}" for n in names for f in filters]
 
 
@@ -267,11 +267,20 @@ def test_consumer_creation_is_pinned_to_each_services_names_and_filters() -> Non
     )
     assert autopilot.may_publish(f"{create}.{obs}.autopilot-pod-1-0a1b2c3d.{node}")
     assert not autopilot.may_publish(f"{create}.{obs}.autopilot-pod-1-0a1b2c3d.{aw}")
-    assert lifecycle.may_publish(f"{create}.{obs}.lifecycle-observations.{aw}")
     assert not lifecycle.may_publish(f"{create}.{obs}.lifecycle-x.{aw}")
-    assert lifecycle.may_publish(
-        f"{create}.{subjects.VERDICTS_STREAM}.lifecycle-verdicts.{subjects.verdict_filter()}"
+    # lifecycle: one durable per partition, each pinned to its own partition's verdicts.
+    verdicts = subjects.VERDICTS_STREAM
+    for partition in (0, subjects.partitions() - 1):
+        durable, part = (
+            subjects.lifecycle_verdict_durable(partition),
+            subjects.verdict_partition_filter(partition),
+        )
+        assert lifecycle.may_publish(f"{create}.{verdicts}.{durable}.{part}")
+        assert not lifecycle.may_publish(f"{create}.{verdicts}.{durable}.{subjects.verdict_filter()}")
+    assert not lifecycle.may_publish(
+        f"{create}.{verdicts}.lifecycle-verdicts-0.{subjects.verdict_partition_filter(1)}"
     )
+    assert not lifecycle.may_publish(f"{create}.{verdicts}.lifecycle-verdicts.{subjects.verdict_filter()}")
     # The legacy forms (which carry the consumer's name in the body) are needed by nobody in
     # Respawn's account: every consumer is created with its name and filter in the subject.
     for user in natsauth.default_users():
@@ -284,7 +293,7 @@ def test_consumer_creation_is_pinned_to_each_services_names_and_filters() -> Non
 
 def test_lifecycles_durables_are_denied_to_every_other_user() -> None:
     users = natsauth.default_users(("subscriber",))
-    for stream, durable in natsauth.LIFECYCLE_DURABLES.items():
+    for stream, durable, _ in natsauth.lifecycle_durables():
         requests = [
             f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.respawn.>",
             f"$JS.API.CONSUMER.CREATE.{stream}.{durable}",
@@ -336,14 +345,21 @@ def test_every_consumer_in_the_services_code_is_permitted_by_name_and_filter(ser
     # The durable names and filters are read from the services' code, so a new or renamed
     # consumer fails here instead of as a permission violation in production.
     perms = natsauth.service_permissions(service)
-    calls = _consume_calls(REPO / "services" / service / "service.py")
+    # lifecycle binds its per-partition durables in shares.py.
+    modules = [p for p in (REPO / "services" / service).glob("*.py") if p.name in ("service.py", "shares.py")]
+    calls = [c for path in sorted(modules) for c in _consume_calls(path)]
     for stream, durable, filter_ in calls:
         assert isinstance(filter_, ast.Call), ast.unparse(filter_)
         # A subjects.*_filter() call; a name among its arguments is a partition number.
         subject_filter = eval(ast.unparse(filter_), {}, _AnyPartition(subjects=subjects))
-        if isinstance(durable, ast.Constant):
-            name = durable.value
-            assert natsauth.LIFECYCLE_DURABLES.get(stream) == name and service == "lifecycle", name
+        fixed = isinstance(durable, ast.Constant) or (
+            isinstance(durable, ast.Call)
+            and ast.unparse(durable.func) == "subjects.lifecycle_verdict_durable"
+        )
+        if fixed:  # a fixed name, or lifecycle's one per partition
+            name = eval(ast.unparse(durable), {}, _AnyPartition(subjects=subjects))
+            assert service == "lifecycle", name
+            assert (stream, name, subject_filter) in natsauth.lifecycle_durables(), name
         else:  # a per-run name from replay_consumer_name
             name = f"{service}-pod-7-0a1b2c3d"
         assert perms.may_publish(f"$JS.API.CONSUMER.CREATE.{stream}.{name}.{subject_filter}"), (stream, name)
