@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Generic, TypeVar
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 
 # Which AppWrappers' objects a cache holds, by (namespace, AppWrapper name).
 Keep = Callable[[Key], bool]
+
+# How many AppWrappers turned away (not kept) a cache remembers.
+REJECTED: Final = 65_536
 
 # How long a cache whose watch the API server forbids waits before trying again (a role may be
 # granted meanwhile); the readers read from the API server until then.
@@ -105,11 +109,17 @@ class WatchedCache(Generic[V]):
         self._on_change = on_change
         self.keep = keep
         self.synced = False
-        # A re-list asked for by reshard() is under way: absence is not known meanwhile.
-        self._relisting = False
-        # The objects seen since a list that started with an empty view of the server began
-        # (the first one, or the one after a restart): at its end, what it did not list is gone.
+        # The AppWrappers whose objects were turned away (not kept) or dropped since the last list
+        # from scratch: the cache may lack some of their objects, so it does not answer for them
+        # even once ``keep`` passes them, until a list (a reshard's) has brought them in. Bounded
+        # (the least recently turned away forgotten first): it guards the moment between a change
+        # of ``keep`` and the reshard that must follow it.
+        self._rejected: OrderedDict[Key, None] = OrderedDict()
+        # The objects seen, and the AppWrappers turned away, since a list that started from an
+        # empty view of the server began (the first one, or a restart's): at its end, what it
+        # did not list is gone.
         self._listed: set[Key] | None = None
+        self._rejected_in_list: set[Key] = set()
         self._restart: asyncio.Event | None = None
         self._sync_waiters: list[asyncio.Future[None]] = []
 
@@ -155,7 +165,7 @@ class WatchedCache(Generic[V]):
 
     def answers(self, appwrapper: Key) -> bool:
         """Whether what the cache does not hold of ``appwrapper`` may be taken as absent."""
-        return self.synced and not self._relisting and self.keep(appwrapper)
+        return self.synced and self.keep(appwrapper) and appwrapper not in self._rejected
 
     # ----------------------------------------------------------------------- writing
 
@@ -194,6 +204,7 @@ class WatchedCache(Generic[V]):
         """Drop the objects whose AppWrapper ``keep`` no longer passes."""
         for key, entry in list(self._entries.items()):
             if not self.keep(entry.appwrapper):
+                self._reject(entry.appwrapper)
                 self._remove(key, entry, deleted=False)
 
     async def until_synced(self, seconds: float) -> bool:
@@ -208,11 +219,11 @@ class WatchedCache(Generic[V]):
     async def reshard(self) -> None:
         """After ``keep`` changed: drop what is no longer kept, and (while :meth:`run` runs) list
         again to pick up what newly is; returns once that list has synced (or the watch is
-        forbidden). Meanwhile, absence is not answered (the readers ask the API server)."""
+        forbidden). The newly kept AppWrappers are not answered for before that list has synced
+        (the readers ask the API server meanwhile)."""
         self.drop_unkept()
         if self._restart is None:
             return
-        self._relisting = True
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._sync_waiters.append(waiter)
         self._restart.set()
@@ -225,6 +236,8 @@ class WatchedCache(Generic[V]):
             # What we hold is newer: our own write's answer, put before its event arrived.
             return
         appwrapper = self.appwrapper_of(obj)
+        if appwrapper is not None and not self.keep(appwrapper):
+            self._reject(appwrapper)
         if appwrapper is None or not self.keep(appwrapper):
             if current is not None:
                 # It left its AppWrapper (relabelled), or that AppWrapper is not ours any more.
@@ -261,9 +274,19 @@ class WatchedCache(Generic[V]):
                     self._remove(key, entry, deleted=True)
                     self._notify(entry.appwrapper)
             self._listed = None
+            # A list from scratch lists every object: only what it turned away may be missing.
+            self._rejected = OrderedDict((k, None) for k in self._rejected if k in self._rejected_in_list)
+            self._rejected_in_list = set()
         self.synced = True
-        self._relisting = False
         self._wake_waiters()
+
+    def _reject(self, appwrapper: Key) -> None:
+        self._rejected[appwrapper] = None
+        self._rejected.move_to_end(appwrapper)
+        while len(self._rejected) > REJECTED:
+            self._rejected.popitem(last=False)
+        if self._listed is not None:
+            self._rejected_in_list.add(appwrapper)
 
     def _store(self, key: Key, entry: Entry[V]) -> None:
         self._entries[key] = entry
@@ -293,7 +316,6 @@ class WatchedCache(Generic[V]):
         for key, entry in list(self._entries.items()):
             self._remove(key, entry, deleted=False)
         self.synced = False
-        self._relisting = False
         self._wake_waiters()
         log.error(
             "the %s cache cannot watch %s (%s): lifecycle reads them from the API server instead, "
@@ -328,12 +350,12 @@ class WatchedCache(Generic[V]):
                     raise failure
         finally:
             self._restart = None
-            self._relisting = False
             self._wake_waiters()
 
     async def _follow(self, kube: Kube, ref: ResourceRef, label_selector: str | None) -> None:
         # A new list_then_watch lists first, from an empty view of its own.
         self._listed = set()
+        self._rejected_in_list = set()
         try:
             async for event in list_then_watch(
                 kube, ref, label_selector=label_selector, stop_on=lambda exc: exc.forbidden
