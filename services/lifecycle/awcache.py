@@ -131,7 +131,7 @@ class AppWrapperCache(WatchedCache[dict[str, Any]]):
         """An AppWrapper read by a GET: taken if newer than what is held, no reconcile triggered
         (reading changes nothing)."""
         key = object_key(obj)
-        if not self.keep(key):
+        if not self.keep(key) or str((obj.get("metadata") or {}).get("uid") or "") in self._gone:
             return
         on_change, self._on_change = self._on_change, None
         try:

@@ -48,8 +48,10 @@ log = logging.getLogger(__name__)
 # Which AppWrappers' objects a cache holds, by (namespace, AppWrapper name).
 Keep = Callable[[Key], bool]
 
-# How many AppWrappers turned away (not kept) a cache remembers.
+# How many AppWrappers turned away (not kept), and how many uids of deleted objects, a cache
+# remembers.
 REJECTED: Final = 65_536
+GONE: Final = 65_536
 
 # How long a cache whose watch the API server forbids waits before trying again (a role may be
 # granted meanwhile); the readers read from the API server until then.
@@ -120,6 +122,11 @@ class WatchedCache(Generic[V]):
         # did not list is gone.
         self._listed: set[Key] | None = None
         self._rejected_in_list: set[Key] = set()
+        # The uids of objects the watch saw deleted (bounded, the oldest forgotten first). An
+        # answer to our own write may arrive after the watch delivered the object's deletion
+        # (a pod deleted with grace 0, an AppWrapper whose last finalizer we removed): it must not
+        # bring the object back. Uids are never reused.
+        self._gone: OrderedDict[str, None] = OrderedDict()
         self._restart: asyncio.Event | None = None
         self._sync_waiters: list[asyncio.Future[None]] = []
 
@@ -180,18 +187,22 @@ class WatchedCache(Generic[V]):
         if event.type == "DELETED":
             self._delete(key, event.obj)
         else:
+            # Back in the watch's selection (a label removed and put back): not gone after all.
+            self._gone.pop(_meta_str(event.obj, "uid"), None)
             self._upsert(key, event.obj)
 
     def put(self, obj: Mapping[str, Any]) -> None:
-        """What the API server answered to one of our writes (the object as it now is)."""
-        self._upsert(object_key(obj), obj)
+        """What the API server answered to one of our writes (the object as it now is), unless
+        the watch has already delivered that object's deletion."""
+        if _meta_str(obj, "uid") not in self._gone:
+            self._upsert(object_key(obj), obj)
 
     def mark_deleting(self, namespace: str, name: str, uid: str, answer: Mapping[str, Any] | None) -> None:
         """We deleted the object (namespace, name) of ``uid``; ``answer``: what the API server
         answered (the object, or a Status). Until its watch says so, it counts as on its way out,
         so a pass in between does not delete it again."""
         key = (namespace, name)
-        if isinstance(answer, Mapping) and _meta_str(answer, "uid") == uid and uid:
+        if isinstance(answer, Mapping) and _meta_str(answer, "uid") == uid and uid and uid not in self._gone:
             self._upsert(key, answer)
         current = self._entries.get(key)
         if current is None or (uid and current.uid and current.uid != uid):
@@ -294,6 +305,10 @@ class WatchedCache(Generic[V]):
         self._stored(key, entry)
 
     def _remove(self, key: Key, entry: Entry[V], *, deleted: bool) -> None:
+        if deleted and entry.uid:
+            self._gone[entry.uid] = None
+            while len(self._gone) > GONE:
+                self._gone.popitem(last=False)
         self._entries.pop(key, None)
         objects = self._by_aw.get(entry.appwrapper)
         if objects is not None:

@@ -54,6 +54,11 @@ CONFLICTS = metrics.counter(
     "respawn_lifecycle_status_conflicts", "Status writes that lost to a newer version"
 )
 RECONCILES = metrics.counter("respawn_lifecycle_reconciles", "Reconcile passes, by outcome", ["outcome"])
+PASSES = metrics.counter(
+    "respawn_lifecycle_reconcile_passes",
+    "Reconcile passes: each reads the AppWrapper and what it observes, decides, and carries out "
+    "the plan (a reconcile makes one or more)",
+)
 INVALID_VALUES = metrics.counter(
     "respawn_lifecycle_invalid_values",
     "Values of AppWrappers lifecycle could not use as given (counted when first told), by field",
@@ -153,6 +158,7 @@ class Reconciler:
         outcome = "passes-exhausted"
         incarnation = verdict.ref.uid if verdict is not None else ""
         for passes in range(MAX_PASSES):
+            PASSES.inc()
             t_read = time.perf_counter()
             try:
                 aw = await self.reader.appwrapper(key, incarnation)

@@ -639,3 +639,23 @@ async def test_writes_go_into_the_caches_they_concern() -> None:
     events = ResourceRef("", "v1", "events", "Event", True)
     await writes.create(events, {"metadata": {"name": "e", "namespace": "team"}}, "team")
     assert caches.get(events) is None
+
+
+def test_an_answer_that_arrives_after_the_watch_delivered_the_deletion_does_not_bring_it_back() -> None:
+    """A pod deleted with grace 0, an AppWrapper whose last finalizer we removed: the watch can
+    deliver the deletion before the write's own answer arrives."""
+    aws, pods = AppWrapperCache(), PodCache()
+    feed(aws, appwrapper("a", "10"))
+    feed(pods, pod("a-0", "a"), pod("a-1", "a"))
+    pods.apply(WatchEvent("DELETED", pod("a-0", "a", "40")))
+    pods.mark_deleting("team", "a-0", "uid-a-0", pod("a-0", "a", "40", deletionTimestamp="t"))
+    assert [p.name for p in pods.pods("team", "a") or ()] == ["a-1"]
+    aws.apply(WatchEvent("DELETED", appwrapper("a", "12")))
+    aws.wrote(appwrapper("a", "11"))
+    aws.offer(appwrapper("a", "11"))
+    assert aws.lookup(("team", "a")) == aws.lookup(("team", "a"), AW_UID)
+    assert aws.lookup(("team", "a")).obj is None and aws.lookup(("team", "a")).known
+    # Its label taken away (the watch says DELETED) and put back (ADDED): the same pod is back.
+    pods.apply(WatchEvent("DELETED", pod("a-1", "a", "41")))
+    pods.apply(WatchEvent("ADDED", pod("a-1", "a", "42")))
+    assert [p.name for p in pods.pods("team", "a") or ()] == ["a-1"]
