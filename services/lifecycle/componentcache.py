@@ -15,11 +15,13 @@ says what it holds and whether its "absent" may be believed):
 
 - a component it holds: as the watch last delivered it, or as our create returned it;
 - a component it does not hold is absent when the AppWrapper's status does not record it as
-  created (it never was, or its deletion was recorded), or when the AppWrapper in hand is exactly
-  as this replica last wrote it: then no other writer created a component since, and ours are
-  in the cache from our creates' answers. Otherwise (another replica's write, a restart), the
-  reader confirms "absent" by a GET before the machine can conclude anything from it (a
-  component missing from a running workload fails it);
+  created (it never was, or its deletion was recorded), or when the status records its create
+  as answered with success and the AppWrapper in hand is exactly as this replica last wrote it:
+  then no other writer created a component since, and ours are in the cache from our creates'
+  answers. Otherwise (another replica's write, a restart, a create that failed or timed out and
+  may have left an object, ours or someone else's, unlabelled), the reader confirms "absent" by
+  a GET before the machine can conclude anything from it (a component missing from a running
+  workload fails it);
 - a component created under a generated name whose name never reached the status is found here
   by its annotation; when no answer was recorded for its create, its absence is confirmed by a
   LIST, as before, because a create that timed out may still have taken effect.

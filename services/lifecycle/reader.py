@@ -203,7 +203,8 @@ class Reader:
         statuses = _list(status.get("componentStatus"))
         started = attempt_start(status)
         # An AppWrapper exactly as our own last write left it: no other writer has created a
-        # component since, so the component caches' "absent" holds (componentcache.py).
+        # component since, so the component caches' "absent" holds for the components whose
+        # create we saw succeed (componentcache.py).
         as_written = self.appwrapper_cache is not None and self.appwrapper_cache.ours(aw)
         for index, outcome in created.items():
             if outcome.succeeded and outcome.name and outcome.uid:
@@ -256,7 +257,9 @@ class Reader:
                     appwrapper=name,
                     # The status records a create, or the previous pass made one: it may exist.
                     recorded=_recorded(entry) or index in created,
-                    as_written=as_written,
+                    # Created for certain (our create's answer went into the cache) and nobody
+                    # else has written since: not held means deleted.
+                    as_written=as_written and _deployed(entry),
                 )
             )
         seen, node_list = await asyncio.gather(
@@ -359,7 +362,8 @@ class Reader:
 
         From the kind's cache when it can answer: an object it holds, or absent when its
         absence cannot mislead (``recorded`` False: the status does not record it as created, or
-        ``as_written``: the AppWrapper is as our last write left it); otherwise by a GET."""
+        ``as_written``: the status records it as created, and the AppWrapper is as our last write
+        left it); otherwise by a GET."""
         if not name:
             if identity:
                 return await self._find(
@@ -513,6 +517,15 @@ def _annotated(items: Sequence[Any], identity: str, aw_uid: str) -> list[Mapping
         and bool(aw_uid)
         and controller_uid(obj) == aw_uid
     ]
+
+
+def _deployed(entry: Mapping[str, Any]) -> bool:
+    """Whether a componentStatus entry records its component as created (its create answered
+    with success, not an error or a timeout after which it may or may not exist, perhaps as
+    someone else's object of that name)."""
+    conditions = entry.get("conditions")
+    conditions = conditions if isinstance(conditions, list) else []
+    return condition_status(conditions, ConditionType.RESOURCES_DEPLOYED) == ConditionStatus.TRUE
 
 
 def _recorded(entry: Mapping[str, Any]) -> bool:

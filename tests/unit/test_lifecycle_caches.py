@@ -496,6 +496,12 @@ async def test_an_absent_component_is_believed_only_where_absence_cannot_mislead
     aws.wrote(ours)
     assert (await observe(r, ours)).presence is Presence.ABSENT
     assert kube.calls == ["get jobs/a-job"]
+    # A create that failed (someone else's object of that name, or a timeout after which it may
+    # exist): even under our own last write, a GET says.
+    errored = appwrapper("a", "52", **deployed("a-job", ComponentReason.CREATION_ERRORED, "False"))
+    aws.wrote(errored)
+    assert (await observe(r, errored)).presence is Presence.PRESENT
+    assert kube.calls == ["get jobs/a-job"] * 2
 
 
 async def test_a_component_whose_kind_has_not_synced_is_read_by_a_get() -> None:
