@@ -1,8 +1,8 @@
 """Lifecycle reads from its watch caches, on the testbed's API server.
 
-- A reset of a running AppWrapper, end to end (watcher, health and lifecycle as processes),
-  reads neither the AppWrapper nor its Job by a GET: lifecycle's own request counter
-  (``respawn_kube_requests_total``, from its /metrics) says so, while it counts the reset's writes.
+- A reset of a running AppWrapper, end to end (watcher and health as processes, the lifecycle
+  service in this process on a client that records every request it sends), reads neither the
+  AppWrapper nor its Job by a GET, while its writes are all there.
 - The caches' keep predicate and reshard, on real watches: a cache holds only the objects of the
   AppWrappers it keeps, and a reshard drops what it no longer keeps and lists what it newly
   keeps, after which its watch goes on.
@@ -12,46 +12,72 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from respawn.testbed import manifests, sim
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
-from respawn.testbed.services import ServiceProcess, spawn_service
+from respawn.testbed.services import spawn_service
 from services.lifecycle.awcache import AppWrapperCache
 from services.lifecycle.cache import WatchedCache
 from services.lifecycle.componentcache import ComponentCache
+from services.lifecycle.service import Lifecycle
 from services.lifecycle.workqueue import Key
 from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, KIND
 from shared.appwrapper.model import read_appwrapper
+from shared.bus import Bus
+from shared.config import load_config
 from shared.kube import Kube
-from tests.integration.conftest import ServiceFactory
+from shared.kube.client import request_kind
+from shared.runtime import Runtime
 from tests.integration.objects import FAST_RESET, apply, get_appwrapper, jobs, running_pods, wait_phase
 from tests.waiting import until
 
 pytestmark = pytest.mark.testbed
 
 
-def requests_of(sp: ServiceProcess) -> dict[tuple[str, str], float]:
-    """The service's own count of its API requests, by (verb, resource)."""
-    out: dict[tuple[str, str], float] = {}
-    for family in text_string_to_metric_families(sp.metrics()):
-        for sample in family.samples:
-            if sample.name == "respawn_kube_requests_total":
-                out[(sample.labels["verb"], sample.labels["resource"])] = sample.value
-    return out
+class Counting(Kube):
+    """The real client, recording each request it sends (method, path, query) before sending it.
+    Nothing is faked: every request goes to the API server."""
+
+    def __init__(self, api: Any) -> None:
+        super().__init__(api)
+        self.sent: list[tuple[str, str, dict[str, Any]]] = []
+
+    async def _request(self, method: str, path: str, query: Any, **kw: Any) -> dict[str, Any]:
+        self.sent.append((method, path, dict(query or {})))
+        return await super()._request(method, path, query, **kw)
 
 
-def made(
-    before: dict[tuple[str, str], float], after: dict[tuple[str, str], float]
-) -> dict[tuple[str, str], float]:
-    """The requests made between two readings."""
-    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
+@contextlib.asynccontextmanager
+async def lifecycle_counting(testbed: Endpoints) -> AsyncIterator[Counting]:
+    """The whole lifecycle service in this process, on a counting client, until the block ends."""
+    plain = await Kube.connect(testbed.kubeconfig)
+    kube = Counting(plain.api)
+    bus = await Bus.connect(testbed.nats_url, name=f"test-lifecycle-{uuid.uuid4().hex[:8]}")
+    await bus.ensure_streams()
+    try:
+        rt = Runtime(name="lifecycle", config=load_config(env={}), bus=bus, kube=kube, probes=None)
+        lifecycle = Lifecycle(
+            rt, appwrappers=await kube.resource(API_VERSION, KIND), pods=await kube.resource("v1", "Pod")
+        )
+        task = asyncio.create_task(lifecycle.run(), name="lifecycle-under-test")
+        try:
+            yield kube
+            assert not task.done(), f"the service stopped: {task}"
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    finally:
+        await bus.close()
+        await plain.close()
 
 
 @pytest.fixture(scope="module")
@@ -76,44 +102,50 @@ def pods_ready(aw: dict[str, Any] | None) -> bool:
 
 
 async def test_a_reset_of_a_running_appwrapper_reads_neither_it_nor_its_job_by_a_get(
-    testbed: Endpoints, namespace: str, observers: None, service: ServiceFactory
+    testbed: Endpoints, namespace: str, observers: None
 ) -> None:
     kc = testbed.kubeconfig
-    lifecycle = service("lifecycle")
     annotations = {**FAST_RESET, **manifests.fault_tolerance(retry_pause="0s")}
-    apply(kc, namespace, manifests.job_appwrapper("steady", pods=2, annotations=annotations))
-    await wait_phase(kc, namespace, "steady", "Running", within=60)
-    await until(
-        "both pods running", lambda: running_pods(kc, namespace, "steady"), done=lambda p: len(p) == 2
-    )
-    running = await until("PodsReady", lambda: get_appwrapper(kc, namespace, "steady"), done=pods_ready)
-    [first_job] = jobs(kc, namespace)
+    async with lifecycle_counting(testbed) as kube:
+        apply(kc, namespace, manifests.job_appwrapper("steady", pods=2, annotations=annotations))
+        await wait_phase(kc, namespace, "steady", "Running", within=60)
+        await until(
+            "both pods running", lambda: running_pods(kc, namespace, "steady"), done=lambda p: len(p) == 2
+        )
+        running = await until("PodsReady", lambda: get_appwrapper(kc, namespace, "steady"), done=pods_ready)
+        [first_job] = jobs(kc, namespace)
 
-    before = requests_of(lifecycle)
-    victim = running_pods(kc, namespace, "steady")[0]["metadata"]["name"]
-    sim.fail_pod(kc, namespace, victim, exit_code=1)
-    done = await until(
-        "reset and running again",
-        lambda: get_appwrapper(kc, namespace, "steady"),
-        done=lambda aw: (
-            read_appwrapper(aw).resetting_count == 1
-            and read_appwrapper(aw).phase == "Running"
-            and pods_ready(aw)
-        ),
-        within=60,
-    )
-    [second_job] = jobs(kc, namespace)
-    reset = made(before, requests_of(lifecycle))
+        before = len(kube.sent)
+        victim = running_pods(kc, namespace, "steady")[0]["metadata"]["name"]
+        sim.fail_pod(kc, namespace, victim, exit_code=1)
+        done = await until(
+            "reset and running again",
+            lambda: get_appwrapper(kc, namespace, "steady"),
+            done=lambda aw: (
+                read_appwrapper(aw).resetting_count == 1
+                and read_appwrapper(aw).phase == "Running"
+                and pods_ready(aw)
+            ),
+            within=60,
+        )
+        [second_job] = jobs(kc, namespace)
+        # The requests about this namespace's objects (the service also looks after other tests'
+        # AppWrappers, on their way out), by (verb, resource).
+        reset = Counter(
+            request_kind(method, path, query)
+            for method, path, query in kube.sent[before:]
+            if f"/namespaces/{namespace}/" in path
+        )
 
     # The reset took place: a new Job, status writes, a delete and a create, all counted.
     assert second_job["metadata"]["uid"] != first_job["metadata"]["uid"]
     assert done["metadata"]["uid"] == running["metadata"]["uid"]
-    assert reset.get(("update", "appwrappers/status"), 0) >= 2, reset
-    assert reset.get(("delete", "jobs"), 0) >= 1 and reset.get(("create", "jobs"), 0) == 1, reset
+    assert reset[("update", "appwrappers/status")] >= 2, reset
+    assert reset[("delete", "jobs")] >= 1 and reset[("create", "jobs")] == 1, reset
     # And none of its reads was a GET of the AppWrapper or of its Job: they came from the caches.
-    assert reset.get(("get", "appwrappers"), 0) == 0, reset
-    assert reset.get(("get", "jobs"), 0) == 0, reset
-    assert not any(verb == "list" and resource in ("appwrappers", "jobs") for verb, resource in reset), reset
+    assert reset[("get", "appwrappers")] == 0, reset
+    assert reset[("get", "jobs")] == 0, reset
+    assert reset[("list", "appwrappers")] == 0 and reset[("list", "jobs")] == 0, reset
 
 
 # ------------------------------------------------------------------ keep and reshard, for real
