@@ -128,6 +128,8 @@ class WatchedCache(Generic[V]):
         # bring the object back. Uids are never reused.
         self._gone: OrderedDict[str, None] = OrderedDict()
         self._restart: asyncio.Event | None = None
+        # Why the API server refused the cache's list or watch, until it next syncs.
+        self.forbidden: KubeApiError | None = None
         self._sync_waiters: list[asyncio.Future[None]] = []
 
     # --------------------------------------------------------------- what subclasses say
@@ -289,6 +291,7 @@ class WatchedCache(Generic[V]):
             self._rejected = OrderedDict((k, None) for k in self._rejected if k in self._rejected_in_list)
             self._rejected_in_list = set()
         self.synced = True
+        self.forbidden = None
         self._wake_waiters()
 
     def _reject(self, appwrapper: Key) -> None:
@@ -331,6 +334,7 @@ class WatchedCache(Generic[V]):
         for key, entry in list(self._entries.items()):
             self._remove(key, entry, deleted=False)
         self.synced = False
+        self.forbidden = exc
         self._wake_waiters()
         log.error(
             "the %s cache cannot watch %s (%s): lifecycle reads them from the API server instead, "

@@ -3,6 +3,7 @@
 - A reset of a running AppWrapper, end to end (watcher and health as processes, the lifecycle
   service in this process on a client that records every request it sends), reads neither the
   AppWrapper nor its Job by a GET, while its writes are all there.
+- A cache whose watch the API server forbids answers for nothing (the reads go to the server).
 - The caches' keep predicate and reshard, on real watches: a cache holds only the objects of the
   AppWrappers it keeps, and a reshard drops what it no longer keeps and lists what it newly
   keeps, after which its watch goes on.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -37,6 +39,7 @@ from shared.kube import Kube
 from shared.kube.client import request_kind
 from shared.runtime import Runtime
 from tests.integration.objects import FAST_RESET, apply, get_appwrapper, jobs, running_pods, wait_phase
+from tests.integration.test_deploy import service_account_kubeconfig
 from tests.waiting import until
 
 pytestmark = pytest.mark.testbed
@@ -238,3 +241,52 @@ async def test_a_reshard_drops_what_is_no_longer_kept_and_lists_what_newly_is(
             assert configmaps.answers((namespace, "b"))
     finally:
         await kube.close()
+
+
+async def test_a_cache_whose_watch_is_forbidden_answers_nothing(
+    testbed: Endpoints, namespace: str, tmp_path: Path
+) -> None:
+    """A role that grants list but not watch (lifecycle's, before it was given watch): the cache
+    lists, is refused its watch, drops what it listed and answers for nothing, so every read goes
+    to the API server instead of a list that would never change again."""
+    kc = testbed.kubeconfig
+    apply(kc, namespace, labelled_configmap("a-config", "a"))
+    role = f"lifecycle-cache-{namespace}"
+    rbac = [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "lister", "namespace": namespace},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": role},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": "lister", "namespace": namespace}],
+        },
+    ]
+    kubectl(kc, "apply", "-f", "-", stdin="\n---\n".join(json.dumps(d) for d in rbac))
+    try:
+        token = kubectl(kc, "create", "token", "lister", "-n", namespace, "--duration=10m").stdout.strip()
+        kube = await Kube.connect(service_account_kubeconfig(kc, token, tmp_path / "lister"))
+        try:
+            cm_ref = await kube.resource("v1", "ConfigMap")
+            configmaps = ComponentCache(cm_ref)
+            async with running(configmaps, kube, cm_ref):
+                refused = await until("the watch refused", lambda: configmaps.forbidden, within=60)
+                assert refused.forbidden
+                assert not configmaps.synced and len(configmaps) == 0
+                assert (
+                    not configmaps.answers((namespace, "a")) and configmaps.get(namespace, "a-config") is None
+                )
+        finally:
+            await kube.close()
+    finally:
+        kubectl(kc, "delete", "clusterrolebinding,clusterrole", role, "--ignore-not-found", check=False)
