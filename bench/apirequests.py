@@ -70,6 +70,7 @@ class Reading:
 
     requests: dict[tuple[str, str], float]  # (verb, resource) -> count
     passes: float
+    conflicts: float  # status writes that lost to a newer version (409)
     apiserver: dict[str, float]
 
 
@@ -78,14 +79,17 @@ class Phase:
     name: str
     seconds: float
     passes: float
+    conflicts: float = 0.0
     requests: dict[tuple[str, str], float] = field(default_factory=dict)
     apiserver: dict[str, float] = field(default_factory=dict)
 
 
-def lifecycle_counters(metrics_text: str) -> tuple[dict[tuple[str, str], float], float]:
-    """respawn_kube_requests_total by (verb, resource), and respawn_lifecycle_reconcile_passes_total."""
+def lifecycle_counters(metrics_text: str) -> tuple[dict[tuple[str, str], float], float, float]:
+    """respawn_kube_requests_total by (verb, resource), respawn_lifecycle_reconcile_passes_total
+    and respawn_lifecycle_status_conflicts_total."""
     requests: dict[tuple[str, str], float] = {}
     passes: float | None = None
+    conflicts = 0.0
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
             if sample.name == "respawn_kube_requests_total":
@@ -93,12 +97,14 @@ def lifecycle_counters(metrics_text: str) -> tuple[dict[tuple[str, str], float],
                 requests[key] = requests.get(key, 0.0) + sample.value
             elif sample.name == "respawn_lifecycle_reconcile_passes_total":
                 passes = sample.value
+            elif sample.name == "respawn_lifecycle_status_conflicts_total":
+                conflicts = sample.value
     if passes is None:
         raise SystemExit(
             "lifecycle's /metrics has no respawn_lifecycle_reconcile_passes_total: the code in "
             "--services-from must count its passes and its requests (respawn_kube_requests_total)"
         )
-    return requests, passes
+    return requests, passes, conflicts
 
 
 class Bench:
@@ -113,9 +119,9 @@ class Bench:
 
     async def reading(self) -> Reading:
         text = await asyncio.to_thread(self.lifecycle.metrics)
-        requests, passes = lifecycle_counters(text)
+        requests, passes, conflicts = lifecycle_counters(text)
         raw = (await asyncio.to_thread(kubectl, self.state.kubeconfig, "get", "--raw", "/metrics")).stdout
-        return Reading(requests, passes, api_requests(raw))
+        return Reading(requests, passes, conflicts, api_requests(raw))
 
     async def quiet(self) -> float:
         """Wait until lifecycle has made no pass for QUIET seconds; its pass count then."""
@@ -135,14 +141,21 @@ class Bench:
         await act()
         await self.quiet()
         after = await self.reading()
-        out = Phase(name, time.monotonic() - t, after.passes - before.passes)
+        out = Phase(
+            name, time.monotonic() - t, after.passes - before.passes, after.conflicts - before.conflicts
+        )
         for key, value in after.requests.items():
             if value - before.requests.get(key, 0.0):
                 out.requests[key] = value - before.requests.get(key, 0.0)
         for request, value in after.apiserver.items():
             if value - before.apiserver.get(request, 0.0):
                 out.apiserver[request] = value - before.apiserver.get(request, 0.0)
-        print(f"  {name}: {out.seconds:.1f}s, {out.passes:.0f} reconcile passes", file=sys.stderr, flush=True)
+        print(
+            f"  {name}: {out.seconds:.1f}s, {out.passes:.0f} reconcile passes, "
+            f"{out.conflicts:.0f} status conflicts",
+            file=sys.stderr,
+            flush=True,
+        )
         return out
 
     async def appwrappers(self) -> list[dict[str, Any]]:
@@ -326,6 +339,7 @@ async def measure(state: State, services_from: Path, count: int, pods: int) -> d
                 "phase": p.name,
                 "seconds": round(p.seconds, 1),
                 "reconcile_passes": p.passes,
+                "status_conflicts": p.conflicts,
                 "lifecycle_requests": {
                     f"{verb} {resource}": n for (verb, resource), n in sorted(p.requests.items())
                 },
