@@ -172,6 +172,10 @@ class WatchedCache(Generic[V]):
     def entries(self) -> Iterator[Entry[V]]:
         return iter(list(self._entries.values()))
 
+    def keys(self) -> list[Key]:
+        """(namespace, name) of every object held."""
+        return list(self._entries)
+
     def answers(self, appwrapper: Key) -> bool:
         """Whether what the cache does not hold of ``appwrapper`` may be taken as absent."""
         return self.synced and self.keep(appwrapper) and appwrapper not in self._rejected

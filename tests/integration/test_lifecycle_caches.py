@@ -163,7 +163,7 @@ class Owned:
 
 
 def names(cache: WatchedCache[Any]) -> list[str]:
-    return sorted(str(entry.value["metadata"]["name"]) for entry in cache.entries())
+    return sorted(name for _, name in cache.keys())
 
 
 def labelled_configmap(name: str, appwrapper: str) -> dict[str, Any]:
