@@ -1,4 +1,5 @@
-"""Lifecycle's view of the pods labelled with an AppWrapper, kept by one list-then-watch.
+"""Lifecycle's view of the pods labelled with an AppWrapper, kept by one list-then-watch (see
+:mod:`~services.lifecycle.cache`).
 
 Every reconcile pass needs the AppWrapper's pods. A LIST by label selector per pass makes the
 API server filter every pod of the namespace each time: with 10,000 AppWrappers that is the
@@ -12,6 +13,9 @@ What a watch cache may say and what it may not:
 - "these pods exist" may lag (a pod already gone still listed, a new one not yet listed). Both
   are harmless: every change the watch delivers triggers another reconcile of its AppWrapper
   (``on_change``), so a decision made on a lagging view is revisited as soon as it catches up.
+  A pod lifecycle deleted counts as terminating from the delete's answer on
+  (:meth:`~services.lifecycle.cache.WatchedCache.mark_deleting`), so a pass before the watch
+  tells it does not delete it again.
 - "no pod is left" must never be a guess: it releases quota and lets a reset recreate the
   components. So an empty answer is not given from the cache (:meth:`PodCache.pods` returns
   ``None``) and the reader confirms it with a LIST; that happens once per reset or deletion,
@@ -20,77 +24,58 @@ What a watch cache may say and what it may not:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
-from services.lifecycle.observed import ObservedPod, fold_safely
+from services.lifecycle.cache import WatchedCache
+from services.lifecycle.observed import ObservedPod
 from services.lifecycle.workqueue import Key
 from shared.appwrapper.constants import APPWRAPPER_LABEL
 from shared.kube import Kube, ResourceRef
-from shared.kube.watch import WatchEvent, list_then_watch
 
-__all__ = ["PodCache"]
+__all__ = ["PodCache", "appwrapper_label"]
 
 
-class PodCache:
+def appwrapper_label(obj: Mapping[str, Any]) -> Key | None:
+    """(namespace, AppWrapper) an object's ``workload.codeflare.dev/appwrapper`` label names."""
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    labels = meta.get("labels")
+    if labels is not None and not isinstance(labels, Mapping):
+        raise TypeError(f"labels is a {type(labels).__name__}, not a map")
+    name = (labels or {}).get(APPWRAPPER_LABEL)
+    return (str(meta.get("namespace") or ""), name) if isinstance(name, str) and name else None
+
+
+class PodCache(WatchedCache[ObservedPod]):
     """Labelled pods by (namespace, AppWrapper name). Pure state plus one watch task."""
 
-    def __init__(self, on_change: Callable[[Key], None] | None = None) -> None:
-        self._by_aw: dict[Key, dict[str, ObservedPod]] = {}
-        # pod (namespace, name) -> the AppWrapper it is indexed under (labels can change).
-        self._owner: dict[Key, str] = {}
-        self._on_change = on_change
-        self.synced = False
+    what = "pod"
 
-    def __len__(self) -> int:
-        return len(self._owner)
+    def appwrapper_of(self, obj: Mapping[str, Any]) -> Key | None:
+        return appwrapper_label(obj)
 
-    def apply(self, event: WatchEvent) -> None:
-        """Fold one watch event in; tell ``on_change`` which AppWrapper's pods changed."""
-        if event.type == "SYNCED":
-            self.synced = True
-            return
-        meta = event.obj.get("metadata") or {}
-        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
-        appwrapper = str((meta.get("labels") or {}).get(APPWRAPPER_LABEL) or "")
-        pod_key = (namespace, name)
-        previous = self._owner.pop(pod_key, None)
-        # The AppWrapper the pod has left, if any: it was deleted, or relabelled.
-        left = previous if event.type == "DELETED" or previous != appwrapper else None
-        if left is not None:
-            self._drop(namespace, left, name)
-        if event.type != "DELETED" and appwrapper:
-            self._owner[pod_key] = appwrapper
-            pods = self._by_aw.setdefault((namespace, appwrapper), {})
-            seen = ObservedPod.of(event.obj)
-            changed = pods.get(name) != seen
-            pods[name] = seen
-            if changed:
-                self._notify((namespace, appwrapper))
-        if left is not None:
-            self._notify((namespace, left))
+    def value_of(self, obj: Mapping[str, Any]) -> ObservedPod:
+        return ObservedPod.of(obj)
 
-    def _drop(self, namespace: str, appwrapper: str, name: str) -> None:
-        pods = self._by_aw.get((namespace, appwrapper))
-        if pods is not None:
-            pods.pop(name, None)
-            if not pods:
-                del self._by_aw[(namespace, appwrapper)]
-
-    def _notify(self, key: Key) -> None:
-        if self._on_change is not None and self.synced:
-            self._on_change(key)
+    def deleting(self, value: ObservedPod) -> ObservedPod:
+        return dataclasses.replace(value, terminating=True)
 
     def pods(self, namespace: str, appwrapper: str) -> tuple[ObservedPod, ...] | None:
-        """The AppWrapper's pods, or None when the cache cannot answer (not synced yet, or it
-        holds none: "no pod left" is for a LIST to say, see the module docstring)."""
-        if not self.synced:
+        """The AppWrapper's pods, or None when the cache cannot answer (not synced yet, an
+        AppWrapper it does not keep, or it holds none: "no pod left" is for a LIST to say, see
+        the module docstring)."""
+        key = (namespace, appwrapper)
+        if not self.synced or not self.keep(key):
             return None
-        pods = self._by_aw.get((namespace, appwrapper))
+        pods = self.of(key)
         if not pods:
             return None
-        return tuple(sorted(pods.values(), key=lambda p: p.name))
+        return tuple(sorted((entry.value for entry in pods.values()), key=lambda p: p.name))
 
-    async def run(self, kube: Kube, pods_ref: ResourceRef) -> None:
+    async def run(
+        self, kube: Kube, ref: ResourceRef, *, label_selector: str | None = APPWRAPPER_LABEL
+    ) -> None:
         """Keep the cache current (never returns; cancel it to stop)."""
-        async for event in list_then_watch(kube, pods_ref, label_selector=APPWRAPPER_LABEL):
-            fold_safely(self.apply, event, "pod")
+        await super().run(kube, ref, label_selector=label_selector)

@@ -1,10 +1,13 @@
 """Reading what a decision is made from: the AppWrapper, and its components, pods and the nodes
 as an :class:`~services.lifecycle.observed.Observed`.
 
-The AppWrapper and each component are read by a GET on every pass (they are the authoritative
-state); the pods come from the pod cache and the nodes from the node cache, with a LIST where a
-cache cannot answer (see :mod:`services.lifecycle.podcache`). What is not read is left unknown,
-which the machine treats conservatively.
+Everything is read from lifecycle's watch caches, as a controller reads its informers: the
+AppWrapper from the AppWrapper cache, each component from its kind's cache, the pods from the pod
+cache and the nodes from the node cache. The API server is asked only where a cache cannot
+answer (see each cache's module): a GET of the AppWrapper before its cache has synced, for one it
+never saw, and on the pass after a status write lost to a newer version (:meth:`Reader.refresh`);
+a GET of a component whose absence the cache cannot vouch for; a LIST of the pods when the cache
+holds none. What is not read is left unknown, which the machine treats conservatively.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from collections.abc import Awaitable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from services.lifecycle.actions import CreateOutcome
+from services.lifecycle.awcache import AppWrapperCache
+from services.lifecycle.componentcache import ComponentCaches
+from services.lifecycle.conditions import condition_status, find_condition
 from services.lifecycle.nodecache import NodeCache
 from services.lifecycle.observed import (
     Observed,
@@ -29,7 +35,15 @@ from services.lifecycle.templating import component_identity
 from services.lifecycle.verdicts import attempt_start
 from services.lifecycle.workqueue import Key
 from shared import metrics
-from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, COMPONENT_ANNOTATION, KIND
+from shared.appwrapper.constants import (
+    API_VERSION,
+    APPWRAPPER_LABEL,
+    COMPONENT_ANNOTATION,
+    KIND,
+    ComponentReason,
+    ConditionStatus,
+    ConditionType,
+)
 from shared.kube import KubeApiError, ResourceRef
 from shared.kube.owners import OwnerCache
 from shared.ownership import Outcome, Reason
@@ -81,14 +95,23 @@ class Reader:
         pod_cache: PodCache,
         nodes: ResourceRef | None = None,
         node_cache: NodeCache | None = None,
+        appwrapper_cache: AppWrapperCache | None = None,
+        components: ComponentCaches | None = None,
     ) -> None:
-        """``nodes``: where to read the nodes (None: never read, node exclusion is off)."""
+        """``nodes``: where to read the nodes (None: never read, node exclusion is off).
+        ``appwrapper_cache``, ``components``: the caches the AppWrappers and the components are
+        read from (None: each is read by a GET on every pass)."""
         self.kube = kube
         self.appwrappers = appwrappers
         self.pods = pods
         self.pod_cache = pod_cache
         self.nodes = nodes
         self.node_cache = node_cache
+        self.appwrapper_cache = appwrapper_cache
+        self.components = components
+        # AppWrappers whose next read must be a GET: a write computed from the cached one lost to
+        # a newer version, which the cache may not have yet.
+        self._refresh: set[Key] = set()
         # What is known of the owners on pods' controller chains, by uid: the components as they
         # are read, the objects in between as they are looked up (shared/kube/owners.py).
         self.owners = OwnerCache(kube)
@@ -97,8 +120,17 @@ class Reader:
         # components (the first of an urgent reset) still delete them, by that uid only.
         self._confirmed: dict[Key, tuple[str, dict[int, tuple[str, str]]]] = {}
 
-    async def appwrapper(self, key: Key) -> dict[str, Any] | None:
-        """The AppWrapper, or None when it is gone."""
+    async def appwrapper(self, key: Key, uid: str = "") -> dict[str, Any] | None:
+        """The AppWrapper, or None when it is gone: from the cache, or by a GET where the cache
+        cannot say (see :mod:`~services.lifecycle.awcache`) or :meth:`refresh` asked for one.
+        ``uid``: the incarnation the caller is about (a verdict's), if it knows it: a tombstone
+        of another incarnation does not answer for it."""
+        cache = self.appwrapper_cache
+        if cache is not None and key not in self._refresh:
+            found = cache.lookup(key, uid)
+            if found.known:
+                return dict(found.obj) if found.obj is not None else None
+        self._refresh.discard(key)
         namespace, name = key
         try:
             aw = await self.kube.get(self.appwrappers, name, namespace)
@@ -109,11 +141,20 @@ class Reader:
         # GET answers carry them, but the Event recorder needs them whatever the source.
         aw.setdefault("apiVersion", API_VERSION)
         aw.setdefault("kind", KIND)
+        if cache is not None:
+            cache.offer(aw)
         return aw
+
+    def refresh(self, key: Key) -> None:
+        """The next read of the AppWrapper is a GET: a write lost to a newer version (409), and
+        the cache may not have that version yet. (The GET's answer goes into the cache, so the
+        passes after it read the cache again.)"""
+        self._refresh.add(key)
 
     def forget(self, key: Key) -> None:
         """The AppWrapper is gone: drop what was confirmed about its components."""
         self._confirmed.pop(key, None)
+        self._refresh.discard(key)
 
     def _confirm(self, key: Key, aw_uid: str, index: int, name: str, uid: str) -> None:
         owner, known = self._confirmed.get(key, (aw_uid, {}))
@@ -161,6 +202,10 @@ class Reader:
         status = _mapping(aw.get("status"))
         statuses = _list(status.get("componentStatus"))
         started = attempt_start(status)
+        # An AppWrapper exactly as our own last write left it: no other writer has created a
+        # component since, so the component caches' "absent" holds for the components whose
+        # create we saw succeed (componentcache.py).
+        as_written = self.appwrapper_cache is not None and self.appwrapper_cache.ours(aw)
         for index, outcome in created.items():
             if outcome.succeeded and outcome.name and outcome.uid:
                 self._confirm(key, uid, index, outcome.name, outcome.uid)
@@ -175,8 +220,9 @@ class Reader:
             group = str(template.get("apiVersion", "")).rpartition("/")[0]
             kinds.append((group, str(template.get("kind", ""))))
             comp_name = ""
-            if index < len(statuses) and isinstance(statuses[index], Mapping):
-                comp_name = str(statuses[index].get("name") or "")
+            entry = statuses[index] if index < len(statuses) and isinstance(statuses[index], Mapping) else {}
+            if entry:
+                comp_name = str(entry.get("name") or "")
             template_meta = _mapping(template.get("metadata"))
             comp_name = comp_name or str(template_meta.get("name") or "")
             if index in created and created[index].name:
@@ -209,6 +255,11 @@ class Reader:
                     index=index,
                     identity=identity,
                     appwrapper=name,
+                    # The status records a create, or the previous pass made one: it may exist.
+                    recorded=_recorded(entry) or index in created,
+                    # Created for certain (our create's answer went into the cache) and nobody
+                    # else has written since: not held means deleted.
+                    as_written=as_written and _deployed(entry),
                 )
             )
         seen, node_list = await asyncio.gather(
@@ -301,17 +352,33 @@ class Reader:
         index: int = -1,
         identity: str = "",
         appwrapper: str = "",
+        recorded: bool = True,
+        as_written: bool = False,
     ) -> ObservedComponent:
         """What is under ``name``: whether it exists, and whether it is confirmed ours (its
         controller owner reference names this AppWrapper's uid). A read that fails is
         ``Unknown`` and not confirmed ours, so nothing deletes it on that read. Without a name,
-        the object whose ``respawn.dev/component`` annotation is ``identity`` (if any)."""
+        the object whose ``respawn.dev/component`` annotation is ``identity`` (if any).
+
+        From the kind's cache when it can answer: an object it holds, or absent when its
+        absence cannot mislead (``recorded`` False: the status does not record it as created, or
+        ``as_written``: the status records it as created, and the AppWrapper is as our last write
+        left it); otherwise by a GET."""
         if not name:
             if identity:
-                return await self._find(template, namespace, appwrapper, aw_uid, identity, key, index)
+                return await self._find(
+                    template, namespace, appwrapper, aw_uid, identity, key, index, recorded=recorded
+                )
             return ObservedComponent(presence=Presence.ABSENT)
         try:
             ref = await self.kube.resource(str(template.get("apiVersion", "")), str(template.get("kind", "")))
+            cache = self.components.cache(ref) if self.components is not None else None
+            if cache is not None:
+                held = cache.get(namespace, name)
+                if held is not None:
+                    return self._seen(held.value, name, aw_uid, key, index)
+                if cache.answers((namespace, appwrapper)) and (as_written or not recorded):
+                    return ObservedComponent(presence=Presence.ABSENT, name=name)
             obj = await self.kube.get(ref, name, namespace if ref.namespaced else None)
         except KubeApiError as exc:
             if exc.not_found:
@@ -355,15 +422,25 @@ class Reader:
         identity: str,
         key: Key | None,
         index: int,
+        *,
+        recorded: bool = True,
     ) -> ObservedComponent:
         """The object our create of this component (this attempt) made, found by its annotation
         among the objects of its kind labelled with the AppWrapper; Absent when there is none,
-        Unknown when they cannot be listed."""
+        Unknown when they cannot be listed. From the kind's cache, unless it finds none while a
+        create of it may have taken effect unanswered (``recorded``): that is for a LIST to say."""
         try:
             ref = await self.kube.resource(str(template.get("apiVersion", "")), str(template.get("kind", "")))
-            listing = await self.kube.list(
-                ref, namespace if ref.namespaced else None, labelSelector=f"{APPWRAPPER_LABEL}={appwrapper}"
-            )
+            cache = self.components.cache(ref) if self.components is not None else None
+            answers = cache is not None and cache.answers((namespace, appwrapper))
+            items: list[Any] = cache.objects((namespace, appwrapper)) if cache is not None and answers else []
+            if not _annotated(items, identity, aw_uid) and (recorded or not answers):
+                listing = await self.kube.list(
+                    ref,
+                    namespace if ref.namespaced else None,
+                    labelSelector=f"{APPWRAPPER_LABEL}={appwrapper}",
+                )
+                items = _list(listing.get("items"))
         except KubeApiError as exc:
             if exc.not_found:
                 return ObservedComponent(presence=Presence.ABSENT)
@@ -380,15 +457,7 @@ class Reader:
                 exc,
             )
             return ObservedComponent(presence=Presence.UNKNOWN, controlled_by_us=False)
-        found = [
-            obj
-            for obj in _list(listing.get("items"))
-            if isinstance(obj, Mapping)
-            and _mapping(_mapping(obj.get("metadata")).get("annotations")).get(COMPONENT_ANNOTATION)
-            == identity
-            and bool(aw_uid)
-            and controller_uid(obj) == aw_uid
-        ]
+        found = _annotated(items, identity, aw_uid)
         if not found:
             return ObservedComponent(presence=Presence.ABSENT)
         # More than one would be duplicates made before this guard existed: the oldest is the
@@ -435,6 +504,41 @@ class Reader:
 
 def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
+
+
+def _annotated(items: Sequence[Any], identity: str, aw_uid: str) -> list[Mapping[str, Any]]:
+    """The objects among ``items`` whose ``respawn.dev/component`` annotation is ``identity`` and
+    whose controller is the AppWrapper ``aw_uid``."""
+    return [
+        obj
+        for obj in items
+        if isinstance(obj, Mapping)
+        and _mapping(_mapping(obj.get("metadata")).get("annotations")).get(COMPONENT_ANNOTATION) == identity
+        and bool(aw_uid)
+        and controller_uid(obj) == aw_uid
+    ]
+
+
+def _deployed(entry: Mapping[str, Any]) -> bool:
+    """Whether a componentStatus entry records its component as created (its create answered
+    with success, not an error or a timeout after which it may or may not exist, perhaps as
+    someone else's object of that name)."""
+    conditions = entry.get("conditions")
+    conditions = conditions if isinstance(conditions, list) else []
+    return condition_status(conditions, ConditionType.RESOURCES_DEPLOYED) == ConditionStatus.TRUE
+
+
+def _recorded(entry: Mapping[str, Any]) -> bool:
+    """Whether a componentStatus entry records its component as (perhaps) created: deployed, or
+    a create initiated or failed (a create that failed may still have taken effect), and its
+    deletion not recorded since."""
+    conditions = entry.get("conditions")
+    conditions = conditions if isinstance(conditions, list) else []
+    condition = find_condition(conditions, ConditionType.RESOURCES_DEPLOYED)
+    if condition is None:
+        return False
+    deployed = condition_status(conditions, ConditionType.RESOURCES_DEPLOYED) == ConditionStatus.TRUE
+    return deployed or condition.get("reason") != ComponentReason.DELETED
 
 
 def _list(value: Any) -> list[Any]:

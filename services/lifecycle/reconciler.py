@@ -3,7 +3,9 @@
 A pass reads the AppWrapper and what it observes, calls :func:`services.lifecycle.machine.reconcile`
 and has the plan carried out. Passes repeat while the plan creates components (their outcomes
 feed the next decision) or lost its status write to a newer version (it is recomputed from the
-fresh object, never forced). The deadlines a plan asks for go to the work queue.
+fresh object, never forced: the pass after a conflict reads the AppWrapper by a GET, as the
+watch cache may not have the newer version yet). The deadlines a plan asks for go to the work
+queue.
 
 Replicas may reconcile the same AppWrapper at once; the status write carries the
 resourceVersion, so one wins and the other recomputes from fresh state. Within a replica, one
@@ -52,6 +54,11 @@ CONFLICTS = metrics.counter(
     "respawn_lifecycle_status_conflicts", "Status writes that lost to a newer version"
 )
 RECONCILES = metrics.counter("respawn_lifecycle_reconciles", "Reconcile passes, by outcome", ["outcome"])
+PASSES = metrics.counter(
+    "respawn_lifecycle_reconcile_passes",
+    "Reconcile passes: each reads the AppWrapper and what it observes, decides, and carries out "
+    "the plan (a reconcile makes one or more)",
+)
 INVALID_VALUES = metrics.counter(
     "respawn_lifecycle_invalid_values",
     "Values of AppWrappers lifecycle could not use as given (counted when first told), by field",
@@ -149,10 +156,12 @@ class Reconciler:
         created: dict[int, CreateOutcome] = {}
         use = VerdictUse.NONE
         outcome = "passes-exhausted"
+        incarnation = verdict.ref.uid if verdict is not None else ""
         for passes in range(MAX_PASSES):
+            PASSES.inc()
             t_read = time.perf_counter()
             try:
-                aw = await self.reader.appwrapper(key)
+                aw = await self.reader.appwrapper(key, incarnation)
             except KubeApiError as exc:
                 raise TransientError(f"reading AppWrapper {key[0]}/{key[1]}: {exc}") from exc
             if aw is None:
@@ -243,8 +252,11 @@ class Reconciler:
             except KubeApiError as exc:
                 if exc.conflict:
                     # Someone else wrote first: recompute from the fresh object, never overwrite.
+                    # It is read by a GET: the cache may not have it yet, and a pass on the cached
+                    # one would lose again, until the passes run out.
                     CONFLICTS.inc()
                     RECONCILES.labels(outcome="conflict").inc()
+                    self.reader.refresh(key)
                     created = {}
                     continue
                 raise TransientError(f"writing AppWrapper {key[0]}/{key[1]}: {exc}") from exc

@@ -5,17 +5,19 @@ Another replica's resync picks the work up, so nothing waits longer than a resyn
 AppWrappers that is, is the phase policy's to say (:func:`services.lifecycle.machine.needs_attention`),
 including those with announcements owed by a replica that died after a status write.
 
-A round never fails the service: a LIST that fails (an API error, or a page the client cannot
-read, e.g. one holding an object nested too deeply for its JSON parser) is logged and counted,
-the AppWrappers of the pages read so far are queued, and the next round tries again. An
-AppWrapper that cannot be judged is logged and skipped.
+What a round goes through is given to it (``appwrappers``): in the service, the AppWrapper cache,
+and a LIST only while the cache has not synced (see ``Lifecycle.resync_source``). A round never
+fails the service: a source that fails (a LIST's API error, or a page the client cannot read,
+e.g. one holding an object nested too deeply for its JSON parser) is logged and counted, the
+AppWrappers it gave so far are queued, and the next round tries again. An AppWrapper that
+cannot be judged is logged and skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,7 +31,8 @@ __all__ = ["Resync"]
 
 log = logging.getLogger(__name__)
 
-Pages = Callable[[], AsyncIterable[Sequence[Mapping[str, Any]]]]
+# Every AppWrapper to consider, one after another.
+AppWrappers = Callable[[], AsyncIterable[Mapping[str, Any]]]
 
 FAILED_ROUNDS = metrics.counter(
     "respawn_lifecycle_resync_failures",
@@ -41,16 +44,16 @@ FAILED_ROUNDS = metrics.counter(
 class Resync:
     def __init__(
         self,
-        pages: Pages,
+        appwrappers: AppWrappers,
         enqueue: Callable[[Key], None],
         *,
         period: timedelta,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
-        """``pages``: a LIST of every AppWrapper, page by page (a LIST of 10,000 whole
-        AppWrappers, templates included, parsed at once would set the process's peak memory
-        every period)."""
-        self.pages = pages
+        """``appwrappers``: every AppWrapper this replica looks after, one by one (a LIST of
+        10,000 whole AppWrappers parsed at once would set the process's peak memory every
+        period: a LIST is read page by page)."""
+        self.appwrappers = appwrappers
         self.enqueue = enqueue
         self.period = period
         self.clock = clock
@@ -59,16 +62,15 @@ class Resync:
         """Queue every AppWrapper that needs attention (a failed LIST waits for the next period)."""
         now = self.clock()
         try:
-            async for page in self.pages():
-                for aw in page:
-                    self._consider(aw, now)
+            async for aw in self.appwrappers():
+                self._consider(aw, now)
         except KubeApiError as exc:
             FAILED_ROUNDS.labels(error="KubeApiError").inc()
             log.warning("resync list failed: %s", exc)
         except Exception as exc:  # e.g. RecursionError: a page the client cannot decode
             FAILED_ROUNDS.labels(error=type(exc).__name__).inc()
             log.error(
-                "resync list failed (%s: %s); the AppWrappers of the pages read so far are queued, "
+                "resync list failed (%s: %s); the AppWrappers read so far are queued, "
                 "the next round tries again",
                 type(exc).__name__,
                 exc,

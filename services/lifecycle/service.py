@@ -1,17 +1,24 @@
-"""lifecycle: verdicts and observations → AppWrapper status, component creation and deletion.
+"""lifecycle: verdicts and watched changes → AppWrapper status, component creation and deletion.
 
 The only writer of AppWrapper status and the only creator/deleter of wrapped resources. All
 decisions are made by the pure :func:`services.lifecycle.machine.reconcile`; this module wires
 the parts that feed it and carry out its plans, and runs their loops:
 
-- :mod:`~services.lifecycle.triggers`: verdicts and observations from the bus → queue keys;
+- :mod:`~services.lifecycle.triggers`: verdicts from the bus → queue keys;
+- the watch caches, each one list-then-watch: AppWrappers (:mod:`~services.lifecycle.awcache`),
+  the components of each wrapped kind in use (:mod:`~services.lifecycle.componentcache`, started
+  the first time a kind is read), pods (:mod:`~services.lifecycle.podcache`) and nodes. They are
+  what the reader reads, and a change in them queues its AppWrapper (debounced);
 - :mod:`~services.lifecycle.workqueue`: each AppWrapper queued once, resets first, timers;
 - :mod:`~services.lifecycle.resync`: every AppWrapper with work or a clock pending, now and then,
   so that a replica that dies with timers pending loses nothing;
 - :mod:`~services.lifecycle.reconciler`: per AppWrapper, read (:mod:`~services.lifecycle.reader`),
-  decide, carry out (:mod:`~services.lifecycle.executor`);
-- the pod and node caches, each one watch;
+  decide, carry out (:mod:`~services.lifecycle.executor`, through
+  :mod:`~services.lifecycle.writethrough`, which puts what each write returned into the caches);
 - the server clock (:mod:`~services.lifecycle.serverclock`): decisions take the API server's time.
+
+Which AppWrappers the caches hold is ``keep``'s to say (default: all); after it changes,
+:meth:`Lifecycle.reshard` has them drop and pick up objects accordingly.
 
 No single AppWrapper can stop the service: a reconcile that fails is reported and retried with a
 backoff of its own (:mod:`~services.lifecycle.failures`) while the workers go on with the
@@ -22,10 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
+from services.lifecycle.awcache import AppWrapperCache
+from services.lifecycle.cache import Keep
+from services.lifecycle.componentcache import ComponentCaches
 from services.lifecycle.executor import Executor
 from services.lifecycle.hooks import hooks_for
 from services.lifecycle.incidents import Incidents
@@ -38,13 +48,12 @@ from services.lifecycle.serverclock import ServerClock
 from services.lifecycle.shares import Shares
 from services.lifecycle.triggers import LatestVerdicts, Triggers
 from services.lifecycle.workqueue import WorkQueue
-from shared import metrics, subjects
+from services.lifecycle.writethrough import WriteThrough
+from shared import metrics
 from shared.appwrapper.constants import API_VERSION, KIND
-from shared.bus import DeliverPolicy
 from shared.kube import Kube, KubeApiError, ResourceRef
 from shared.kube.watch import list_pages
 from shared.kubetime import utcnow
-from shared.messages import AnyObservation
 from shared.runtime import Runtime, entry
 
 log = logging.getLogger(__name__)
@@ -52,6 +61,9 @@ log = logging.getLogger(__name__)
 LOOP_RESTARTS = metrics.counter(
     "respawn_lifecycle_loop_restarts", "Service loops restarted after they failed, by loop", ["loop"]
 )
+
+# How long the first resync waits for the AppWrapper cache to sync before it LISTs instead.
+RESYNC_SYNC_WAIT: Final = 30.0
 
 
 class Lifecycle:
@@ -65,9 +77,13 @@ class Lifecycle:
         pods: ResourceRef,
         nodes: ResourceRef | None = None,
         clock: Callable[[], datetime] = utcnow,
+        keep: Keep | None = None,
     ) -> None:
         """``nodes``: where the nodes are read, for node exclusion (None when it is off).
-        ``clock``: this process's clock, which the server clock corrects (tests skew it)."""
+        ``clock``: this process's clock, which the server clock corrects (tests skew it).
+        ``keep``: which AppWrappers this replica looks after, by (namespace, name); the caches
+        hold only their objects (see :meth:`reshard`). None: its share of the partitions
+        (docs/scaling.md)."""
         self.rt = rt
         self.kube = kube = rt.require_kube()
         config = rt.config
@@ -99,14 +115,26 @@ class Lifecycle:
             },
             moved=self._share_moved,
         )
-        self.queue = WorkQueue(
-            urgent=self.incidents.__contains__, clock=self.clock.now, accept=self.shares.owns
-        )
-        # Pod changes trigger reconciles exactly as pod observations on the bus do.
-        self.pod_cache = PodCache(on_change=self.queue.debounce)
+        self.keep = keep = keep if keep is not None else self.shares.owns
+        self.queue = WorkQueue(urgent=self.incidents.__contains__, clock=self.clock.now, accept=keep)
+        # A change in any cache queues a reconcile of its AppWrapper, debounced: a Job's pods
+        # start or go away together, one reconcile a moment after the first is enough.
+        self.appwrapper_cache = AppWrapperCache(on_change=self.queue.debounce, keep=keep)
+        self.pod_cache = PodCache(on_change=self.queue.debounce, keep=keep)
+        self.components = ComponentCaches(kube, on_change=self.queue.debounce, keep=keep, spawn=self._spawn)
         self.node_cache = NodeCache() if nodes is not None else None
+        # Loops started while the service runs (a component kind's watch); cancelled with it.
+        self._spawned: set[asyncio.Task[None]] = set()
         self.latest = LatestVerdicts()
-        self.executor = Executor(kube, rt.bus, appwrappers=appwrappers, pods=pods, clock=self.clock)
+        writes = WriteThrough(
+            kube,
+            appwrappers=appwrappers,
+            appwrapper_cache=self.appwrapper_cache,
+            pods=pods,
+            pod_cache=self.pod_cache,
+            components=self.components,
+        )
+        self.executor = Executor(writes, rt.bus, appwrappers=appwrappers, pods=pods, clock=self.clock)
         self.reconciler = Reconciler(
             reader=Reader(
                 kube,
@@ -115,6 +143,8 @@ class Lifecycle:
                 pod_cache=self.pod_cache,
                 nodes=nodes,
                 node_cache=self.node_cache,
+                appwrapper_cache=self.appwrapper_cache,
+                components=self.components,
             ),
             executor=self.executor,
             queue=self.queue,
@@ -126,24 +156,50 @@ class Lifecycle:
             clock=self.clock.now,
         )
         self.triggers = Triggers(
-            queue=self.queue,
-            latest=self.latest,
-            reconcile=self.reconciler.reconcile_key,
-            pods_watched=lambda: self.pod_cache.synced,
+            queue=self.queue, latest=self.latest, reconcile=self.reconciler.reconcile_key
         )
         self.resync = Resync(
-            self._appwrapper_pages, self.queue.enqueue, period=settings.resync_period, clock=self.clock.now
+            self.resync_source, self.queue.enqueue, period=settings.resync_period, clock=self.clock.now
         )
 
-    async def _appwrapper_pages(self) -> AsyncIterator[Sequence[Mapping[str, Any]]]:
+    async def resync_source(self) -> AsyncIterator[Mapping[str, Any]]:
+        """What the resync goes through: the AppWrapper cache; a LIST (page by page) only when it
+        has not synced within :data:`RESYNC_SYNC_WAIT` (or cannot: watching AppWrappers is
+        forbidden), of the AppWrappers ``keep`` passes."""
+        cache = self.appwrapper_cache
+        if await cache.until_synced(RESYNC_SYNC_WAIT):
+            for aw in cache.appwrappers():
+                yield aw
+            return
         async for page, _ in list_pages(self.kube, self.appwrappers):
-            yield page
+            for aw in page:
+                meta = aw.get("metadata")
+                if not isinstance(meta, Mapping) or self.keep(
+                    (str(meta.get("namespace", "")), str(meta.get("name", "")))
+                ):
+                    yield aw
+
+    def _spawn(self, name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``loop`` supervised beside the service's own loops, until the service stops."""
+        task = asyncio.create_task(_supervised(name, loop), name=name)
+        self._spawned.add(task)
+        task.add_done_callback(self._spawned.discard)
+
+    async def reshard(self) -> None:
+        """After ``keep`` changed: every cache drops the objects of the AppWrappers no longer
+        kept and lists again to pick up those newly kept; then a resync round queues the newly
+        kept ones that have work or a clock pending (their timers were another replica's)."""
+        await asyncio.gather(
+            self.appwrapper_cache.reshard(), self.pod_cache.reshard(), self.components.reshard()
+        )
+        await self.resync.once()
 
     async def _share_moved(self, gained: frozenset[int], lost: frozenset[int]) -> None:
-        """Partitions taken over may hold AppWrappers with work or a clock pending that their
-        previous owner will not finish: look at them now rather than at the next resync."""
-        if gained:
-            asyncio.get_running_loop().create_task(self.resync.once(), name="lifecycle-takeover-resync")
+        """The caches follow the share: what was lost is dropped, what was gained is listed, and
+        the AppWrappers taken over with work or a clock pending (their previous owner will not
+        finish it) are reconciled now rather than at the next resync."""
+        if gained or lost:
+            await self.reshard()
 
     async def work(self) -> None:
         """One reconcile worker: the queue's keys, one after another. A key whose reconcile
@@ -166,33 +222,29 @@ class Lifecycle:
         """Run the loops and the bus consumers until cancelled."""
         # The first decisions already take the server's time.
         await self.executor.sync_clock()
+        # The share first: the caches' first lists keep only this replica's AppWrappers.
+        shares = asyncio.create_task(
+            _supervised("lifecycle-shares", self.shares.run), name="lifecycle-shares"
+        )
+        await self.shares.membership.first_share.wait()
         loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
             f"lifecycle-worker-{i}": self.work for i in range(self.workers)
         }
-        loops["lifecycle-shares"] = self.shares.run
         loops["lifecycle-resync"] = self.resync.run
         loops["lifecycle-clock"] = self.sync_clock
+        loops["lifecycle-appwrapper-cache"] = lambda: self.appwrapper_cache.run(self.kube, self.appwrappers)
         loops["lifecycle-pod-cache"] = lambda: self.pod_cache.run(self.kube, self.pods)
         if self.node_cache is not None and self.nodes is not None:
             node_cache, nodes = self.node_cache, self.nodes
             loops["lifecycle-node-cache"] = lambda: node_cache.run(self.kube, nodes)
-        tasks = [asyncio.create_task(_supervised(name, loop), name=name) for name, loop in loops.items()]
+        tasks = [shares] + [
+            asyncio.create_task(_supervised(name, loop), name=name) for name, loop in loops.items()
+        ]
         try:
-            observations = await self.rt.bus.consume(
-                subjects.OBSERVATIONS_STREAM,
-                "lifecycle-observations",
-                subjects.appwrapper_obs_filter(),
-                AnyObservation,
-                self.triggers.on_observation,
-                # A durable created for the first time starts at the current end of the stream: the
-                # initial resync covers existing AppWrappers, and verdicts from before this
-                # controller ran are old.
-                deliver_policy=DeliverPolicy.NEW,
-            )
-            self.rt.add_check("consumers", lambda: self.shares.ready() and observations.running)
+            self.rt.add_check("consumers", self.shares.ready)
             await asyncio.gather(*tasks)
         finally:
-            for task in tasks:
+            for task in [*tasks, *self._spawned]:
                 task.cancel()
             self.queue.close()
 

@@ -1,39 +1,30 @@
-"""Turning what arrives on the bus into work: verdicts and observations → reconciles of AppWrappers.
+"""Turning what arrives on the bus into work: verdicts → reconciles of AppWrappers.
 
-- Verdicts (a durable consumer shared by all replicas: each verdict goes to one replica). One
-  that can change the phase is applied at once and acked only after the status write it causes
-  has succeeded; a Healthy one is queued. The latest verdict of each AppWrapper is kept for the
-  reconciles that follow (:class:`LatestVerdicts`).
-- Observations of AppWrappers, their pods and components are only triggers: the reconcile reads
-  the authoritative state from the API server. They are debounced.
+Verdicts come from a durable consumer shared by all replicas (each verdict goes to one replica).
+One that can change the phase is applied at once and acked only after the status write it
+causes has succeeded; a Healthy one is queued. The latest verdict of each AppWrapper is kept for
+the reconciles that follow (:class:`LatestVerdicts`).
+
+Changes of AppWrappers, their components and pods are not taken from the bus: lifecycle's own
+watch caches trigger those reconciles (``on_change``, debounced), after the cache has the change,
+so that the reconcile reads it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Protocol
 
 from services.lifecycle.verdicts import VerdictUse
 from services.lifecycle.workqueue import Key, WorkQueue
 from shared.bus import Delivery, TransientError
 from shared.kubetime import utcnow
-from shared.messages import AppWrapperObservation, Message, PodObservation, Verdict
+from shared.messages import Verdict
 
-__all__ = ["LatestVerdicts", "ReconcileKey", "Triggers", "key_of"]
+__all__ = ["LatestVerdicts", "ReconcileKey", "Triggers"]
 
 log = logging.getLogger(__name__)
-
-
-def key_of(message: Message) -> Key | None:
-    """The AppWrapper a verdict or an observation is about (None: none)."""
-    ref = getattr(message, "ref", None)
-    if ref is None:
-        return None
-    if isinstance(message, AppWrapperObservation | Verdict):
-        return ref.namespace, ref.name
-    appwrapper = getattr(message, "appwrapper", "")
-    return (ref.namespace, appwrapper) if appwrapper else None
 
 
 class ReconcileKey(Protocol):
@@ -73,13 +64,10 @@ class Triggers:
         queue: WorkQueue,
         latest: LatestVerdicts,
         reconcile: ReconcileKey,
-        pods_watched: Callable[[], bool] = lambda: False,
     ) -> None:
-        """``pods_watched``: whether the pod cache's own watch triggers reconciles (it has synced)."""
         self.queue = queue
         self.latest = latest
         self.reconcile = reconcile
-        self.pods_watched = pods_watched
 
     async def on_verdict(self, verdict: Verdict, delivery: Delivery) -> None:
         self.latest.offer(verdict)
@@ -105,12 +93,3 @@ class Triggers:
         if use is VerdictUse.HELD:
             # Not applicable yet (e.g. the workload is still being created): keep it unacked.
             raise TransientError(f"verdict for {key[0]}/{key[1]} held", delay=1.0)
-
-    async def on_observation(self, message: Message, delivery: Delivery) -> None:
-        if isinstance(message, PodObservation) and self.pods_watched():
-            # The pod cache's own watch triggers the same reconcile, after the cache has the
-            # change (a trigger from the bus could arrive first and read the cache stale).
-            return
-        key = key_of(message)
-        if key is not None and key[1]:
-            self.queue.debounce(key)

@@ -89,6 +89,7 @@ class Membership:
         self.owned: frozenset[int] = frozenset()
         self.members: frozenset[str] = frozenset()
         self.settled = False  # the first share has been taken
+        self.first_share = asyncio.Event()  # set when it is
         self._last_seen: dict[str, float] = {}
         self._own_echo = clock()  # when our own heartbeat last came back through the watch
         self._changed = asyncio.Event()
@@ -249,6 +250,7 @@ class Membership:
             await self.on_change(previous, share)
             self.owned = share
             self.settled = True
+            self.first_share.set()
             OWNED.labels(group=self.group).set(len(share))
             HANDOFFS.labels(group=self.group, direction="gained").inc(len(gained))
             HANDOFFS.labels(group=self.group, direction="lost").inc(len(lost))

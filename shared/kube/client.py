@@ -44,6 +44,14 @@ RETRIES = metrics.counter(
     ["method", "status"],
 )
 
+REQUESTS = metrics.counter(
+    "respawn_kube_requests",
+    "Requests sent to the API server (each try of one counts), by verb (get, list, watch, create, "
+    "update, patch, delete) and resource (plural, with its subresource; discovery for the API's "
+    "own listings)",
+    ["verb", "resource"],
+)
+
 
 class KubeApiError(Exception):
     """A non-2xx answer from the API server, with the server's own message; status 0 when there
@@ -141,6 +149,32 @@ def retry_after_of(headers: Mapping[str, str] | None, body: Mapping[str, Any]) -
     if isinstance(seconds, int) and not isinstance(seconds, bool) and seconds >= 0:
         return float(seconds)
     return None
+
+
+_VERBS: Final = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def request_kind(
+    method: str, path: str, query: Mapping[str, str | int | bool] | None = None
+) -> tuple[str, str]:
+    """(verb, resource) of a request, as the API server's own ``apiserver_request_total`` names
+    them: a GET of a collection is a ``list`` (``watch`` with ``watch=true``), of one object a
+    ``get``; the resource is the plural, with ``/subresource``, or ``discovery`` for a path
+    that names no resource (``/api/v1``, ``/apis/batch/v1``)."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    # /api/v1/... or /apis/<group>/<version>/...
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        rest = rest[2:]  # a namespaced resource; /api/v1/namespaces/<ns> alone is the namespace
+    if not rest:
+        return "get", "discovery"
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) >= 3 else "")
+    if method != "GET":
+        return _VERBS.get(method, method.lower()), resource
+    if len(rest) >= 2:
+        return "get", resource
+    watching = (query or {}).get("watch")
+    return ("watch" if watching is True or str(watching).lower() == "true" else "list"), resource
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,6 +401,8 @@ class Kube:
         seconds: float | None,
     ) -> dict[str, Any]:
         params = [(k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in (query or {}).items()]
+        verb, resource = request_kind(method, path, query)
+        REQUESTS.labels(verb=verb, resource=resource).inc()
         try:
             resp = await self.api.call_api(
                 path,
@@ -396,6 +432,8 @@ class Kube:
     ) -> AsyncIterator[bytes]:
         """A long-running GET whose body is newline-delimited JSON (watch)."""
         params = [(k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in query.items()]
+        verb, resource = request_kind("GET", path, query)
+        REQUESTS.labels(verb=verb, resource=resource).inc()
         try:
             resp = await self.api.call_api(
                 path,

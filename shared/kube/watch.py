@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -99,7 +99,12 @@ async def list_then_watch(
     label_selector: str | None = None,
     page_size: int = 500,
     watch_timeout: int = 300,
+    stop_on: Callable[[KubeApiError], bool] | None = None,
 ) -> AsyncIterator[WatchEvent]:
+    """``stop_on``: an API error (of the LIST or the WATCH) for which it answers True ends the
+    iteration by raising it instead of retrying: e.g. a 403, which no retry changes (RBAC that
+    grants list but not watch would otherwise leave the caller holding a list that never
+    changes)."""
     known: dict[tuple[str, str], dict[str, Any]] = {}
     backoff = Backoff()
     resource_version = ""
@@ -167,6 +172,8 @@ async def list_then_watch(
             if exc.gone:
                 need_list = True
                 continue
+            if stop_on is not None and stop_on(exc):
+                raise
             # Never sooner than the server asked (429 and Retry-After).
             delay = max(backoff.next(), exc.retry_after or 0.0)
             log.warning("watch on %s failed (%s); retrying in %.1fs", ref.plural, exc, delay)

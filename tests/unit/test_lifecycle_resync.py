@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -44,15 +44,17 @@ def test_resync_only_picks_appwrappers_with_work_or_clocks_pending() -> None:
     assert needs_attention(deleting)
 
 
-async def test_one_round_queues_every_page_s_appwrappers_that_need_attention() -> None:
-    pages = [
-        [aw("Running", deployed=True, quota=True, name="steady"), aw("Resetting", name="resetting")],
-        [aw("Succeeded", deployed=True, name="ttl"), aw("Succeeded", name="done")],
+async def test_one_round_queues_every_appwrapper_that_needs_attention() -> None:
+    given = [
+        aw("Running", deployed=True, quota=True, name="steady"),
+        aw("Resetting", name="resetting"),
+        aw("Succeeded", deployed=True, name="ttl"),
+        aw("Succeeded", name="done"),
     ]
 
-    async def listing() -> AsyncIterator[Sequence[Mapping[str, Any]]]:
-        for page in pages:
-            yield page
+    async def listing() -> AsyncIterator[Mapping[str, Any]]:
+        for one in given:
+            yield one
 
     queued: list[Key] = []
     await Resync(listing, queued.append, period=timedelta(seconds=30)).once()
@@ -60,8 +62,8 @@ async def test_one_round_queues_every_page_s_appwrappers_that_need_attention() -
 
 
 async def test_a_failed_list_is_left_for_the_next_round() -> None:
-    async def failing() -> AsyncIterator[Sequence[Mapping[str, Any]]]:
-        yield [aw("Resetting", name="first")]
+    async def failing() -> AsyncIterator[Mapping[str, Any]]:
+        yield aw("Resetting", name="first")
         raise KubeApiError(503, "ServiceUnavailable", "etcd is down")
 
     queued: list[Key] = []
@@ -74,8 +76,8 @@ async def test_a_page_the_client_cannot_read_cuts_the_round_short_but_never_the_
     raises RecursionError, not KubeApiError; the resync must not die of it (a crash loop:
     every restart meets the same page)."""
 
-    async def too_deep() -> AsyncIterator[Sequence[Mapping[str, Any]]]:
-        yield [aw("Resetting", name="first")]
+    async def too_deep() -> AsyncIterator[Mapping[str, Any]]:
+        yield aw("Resetting", name="first")
         raise RecursionError("maximum recursion depth exceeded while decoding a JSON object")
 
     queued: list[Key] = []
@@ -89,8 +91,9 @@ async def test_malformed_listed_appwrappers_do_not_keep_the_others_from_being_qu
     odd = aw("Resetting", name="odd")
     odd["status"] = ["not", "an", "object"]
 
-    async def listing() -> AsyncIterator[Sequence[Mapping[str, Any]]]:
-        yield [odd, {"metadata": "garbage"}, aw("Resetting", name="next")]
+    async def listing() -> AsyncIterator[Mapping[str, Any]]:
+        for one in (odd, {"metadata": "garbage"}, aw("Resetting", name="next")):
+            yield one
 
     queued: list[Key] = []
     await Resync(listing, queued.append, period=timedelta(seconds=30)).once()

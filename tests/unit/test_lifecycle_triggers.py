@@ -1,4 +1,4 @@
-"""What arrives on the bus becomes work: which verdicts are applied at once, which are queued."""
+"""Verdicts from the bus become work: which are applied at once, which are queued."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from services.lifecycle.triggers import LatestVerdicts, Triggers, key_of
+from services.lifecycle.triggers import LatestVerdicts, Triggers
 from services.lifecycle.verdicts import VerdictUse
 from services.lifecycle.workqueue import Key, WorkQueue
 from shared.bus import TransientError
-from shared.messages import AppWrapperObservation, ObjectRef, PodObservation, Verdict
+from shared.messages import ObjectRef, Verdict
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 KEY = ("team", "train")
@@ -28,12 +28,6 @@ def verdict(state: str, *, seq: int = 1, uid: str = "uid-1") -> Verdict:
     )
 
 
-def pod_observation(appwrapper: str = "train") -> PodObservation:
-    return PodObservation(
-        ref=ObjectRef(namespace="team", name="train-0", uid="p"), appwrapper=appwrapper, observed_at=T0
-    )
-
-
 class Reconciles:
     """Stands in for the reconciler: records calls, answers ``use``."""
 
@@ -46,10 +40,10 @@ class Reconciles:
         return self.use
 
 
-def triggers(reconcile: Reconciles, *, pods_watched: bool = False) -> tuple[Triggers, WorkQueue]:
+def triggers(reconcile: Reconciles) -> tuple[Triggers, WorkQueue]:
     queue = WorkQueue(clock=lambda: T0, debounce=timedelta(0))
     latest = LatestVerdicts()
-    return Triggers(queue=queue, latest=latest, reconcile=reconcile, pods_watched=lambda: pods_watched), queue
+    return Triggers(queue=queue, latest=latest, reconcile=reconcile), queue
 
 
 DELIVERY: Any = None  # the handlers do not look at it
@@ -89,26 +83,3 @@ async def test_a_redelivered_older_verdict_does_not_replace_the_latest() -> None
     assert latest.get(KEY) == recreated, "a new incarnation starts its own sequence"
     latest.forget(KEY)
     assert latest.get(KEY) is None
-
-
-async def test_observations_are_debounced_triggers() -> None:
-    t, queue = triggers(Reconciles())
-    observation = AppWrapperObservation(
-        ref=ObjectRef(namespace="team", name="train", uid="uid-1"), observed_at=T0
-    )
-    await t.on_observation(observation, DELIVERY)
-    await t.on_observation(pod_observation(), DELIVERY)
-    assert await asyncio.wait_for(queue.next_key(), timeout=1.0) == KEY
-    assert len(queue) == 0 and not queue.scheduled(KEY), "one reconcile for both"
-
-
-async def test_pod_observations_are_left_to_the_pod_cache_once_it_watches() -> None:
-    t, queue = triggers(Reconciles(), pods_watched=True)
-    await t.on_observation(pod_observation(), DELIVERY)
-    assert len(queue) == 0 and not queue.scheduled(KEY)
-
-
-def test_keys_name_the_appwrapper_a_message_is_about() -> None:
-    assert key_of(verdict("Healthy")) == KEY
-    assert key_of(pod_observation()) == KEY
-    assert key_of(pod_observation(appwrapper="")) is None
