@@ -53,7 +53,7 @@ class Replicas:
 
 
 @pytest.fixture
-def replicas(testbed: Endpoints, tmp_path: Path) -> Iterator[Replicas]:
+def replicas(testbed: Endpoints, appwrapper_crd: Path, tmp_path: Path) -> Iterator[Replicas]:
     with services_on(testbed.kubeconfig, testbed.nats_url, tmp_path / "logs") as start:
         fleet = Replicas(start)
         for service in SERVICES:
