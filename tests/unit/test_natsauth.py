@@ -214,7 +214,7 @@ def test_services_read_only_the_streams_they_consume() -> None:
     reads = {
         "watcher": set(),
         "health": {subjects.OBSERVATIONS_STREAM, subjects.NODE_VERDICTS_STREAM, subjects.VERDICTS_STREAM},
-        "lifecycle": {subjects.OBSERVATIONS_STREAM, subjects.VERDICTS_STREAM},
+        "lifecycle": {subjects.VERDICTS_STREAM},
         "autopilot": {subjects.OBSERVATIONS_STREAM, subjects.NODE_VERDICTS_STREAM},
     }
     for service, expected in reads.items():
