@@ -172,7 +172,7 @@ class WatchedCache(Generic[V]):
     def entries(self) -> Iterator[Entry[V]]:
         return iter(list(self._entries.values()))
 
-    def keys(self) -> list[Key]:
+    def held(self) -> list[Key]:
         """(namespace, name) of every object held."""
         return list(self._entries)
 

@@ -163,7 +163,7 @@ class Owned:
 
 
 def names(cache: WatchedCache[Any]) -> list[str]:
-    return sorted(name for _, name in cache.keys())  # noqa: SIM118 -- a cache, not a dict: keys() is its API
+    return sorted(name for _, name in cache.held())
 
 
 def labelled_configmap(name: str, appwrapper: str) -> dict[str, Any]:
