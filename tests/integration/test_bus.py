@@ -212,7 +212,7 @@ async def test_keyed_concurrency_overlaps_subjects_and_keeps_each_subject_in_ord
         await bus.publish(slow, verdict(f"slow-{run}", seq=seq), msg_id=None)
     for seq in (1, 2, 3):
         await bus.publish(fast, verdict(f"fast-{run}", seq=seq), msg_id=None)
-    filters = f"{subjects.VERDICT_PREFIX}.{ns}.*"
+    filters = subjects.verdict_filter(ns)
     consumer = await bus.consume(
         subjects.VERDICTS_STREAM, f"t_{uid()}", filters, Verdict, handler, concurrency=4
     )

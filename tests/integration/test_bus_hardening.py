@@ -522,7 +522,7 @@ async def consume_verdicts(bus: Bus, ns: str, handler: Handler[Verdict], **optio
     return await bus.consume(
         subjects.VERDICTS_STREAM,
         f"t_{uid()}",
-        f"{subjects.VERDICT_PREFIX}.{ns}.*",
+        subjects.verdict_filter(ns),
         Verdict,
         handler,
         **options,

@@ -21,6 +21,7 @@ import yaml
 from respawn.testbed import manifests, sim
 from respawn.testbed.modes import Endpoints
 from respawn.testbed.ports import free_port
+from shared import subjects
 from shared.appwrapper.model import read_appwrapper
 from shared.appwrapper.params import RETRY_LIMIT_ANNOTATION
 from tests.integration.cli import RESPAWN, respawn
@@ -144,7 +145,7 @@ async def test_status_tail_and_explain_tell_the_story_of_a_pod_that_failed_once(
     )
     assert records and all(r["version"] == "respawn.cli/v1" for r in records)
     assert all(r["stream"] == "RESPAWN_VERDICTS" and r["kind"] == "verdict" for r in records)
-    assert all(r["subject"] == f"respawn.verdict.{namespace}.once" for r in records)
+    assert all(r["subject"] == subjects.verdict(namespace, "once") for r in records)
     seqs = [r["seq"] for r in records]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     unhealthy = [r["payload"] for r in records if r["payload"]["state"] == "Unhealthy"]

@@ -769,6 +769,7 @@ def test_lifecycle_may_manage_appwrappers_and_their_resources_and_nothing_else(
     for verb, resource in [
         ("get", APPWRAPPERS),
         ("list", APPWRAPPERS),
+        ("watch", APPWRAPPERS),
         ("update", APPWRAPPERS),
         ("patch", APPWRAPPERS),
         ("update", f"{APPWRAPPERS}/status"),
@@ -779,13 +780,16 @@ def test_lifecycle_may_manage_appwrappers_and_their_resources_and_nothing_else(
         ("list", "nodes"),
         ("watch", "nodes"),
         ("create", "events"),
-        *((verb, kind) for kind in (*WRAPPED_KINDS, "pods") for verb in ("create", "get", "list", "delete")),
+        *(
+            (verb, kind)
+            for kind in (*WRAPPED_KINDS, "pods")
+            for verb in ("create", "get", "list", "watch", "delete")
+        ),
     ]:
         assert can_i(kc, verb, resource), f"lifecycle cannot {verb} {resource}"
     for verb, resource in [
         ("create", APPWRAPPERS),
         ("delete", APPWRAPPERS),
-        ("watch", APPWRAPPERS),
         ("update", "pods"),
         ("patch", "pods"),
         ("update", "jobs.batch"),
