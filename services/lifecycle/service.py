@@ -64,6 +64,8 @@ LOOP_RESTARTS = metrics.counter(
 
 # How long the first resync waits for the AppWrapper cache to sync before it LISTs instead.
 RESYNC_SYNC_WAIT: Final = 30.0
+# How long a move of the share waits for the caches' lists before it resyncs the AppWrappers.
+RESHARD_WAIT: Final = 10.0
 
 
 class Lifecycle:
@@ -189,8 +191,19 @@ class Lifecycle:
         """After ``keep`` changed: every cache drops the objects of the AppWrappers no longer
         kept and lists again to pick up those newly kept; then a resync round queues the newly
         kept ones that have work or a clock pending (their timers were another replica's)."""
-        await asyncio.gather(
-            self.appwrapper_cache.reshard(), self.pod_cache.reshard(), self.components.reshard()
+        # Bounded: a cache that cannot list now (the API server is down) catches up by itself,
+        # and the AppWrappers taken over must not wait for it (the reader asks the API server for
+        # what a cache cannot answer).
+        await asyncio.wait(
+            [
+                asyncio.ensure_future(c)
+                for c in (
+                    self.appwrapper_cache.reshard(),
+                    self.pod_cache.reshard(),
+                    self.components.reshard(),
+                )
+            ],
+            timeout=RESHARD_WAIT,
         )
         await self.resync.once()
 
@@ -198,8 +211,13 @@ class Lifecycle:
         """The caches follow the share: what was lost is dropped, what was gained is listed, and
         the AppWrappers taken over with work or a clock pending (their previous owner will not
         finish it) are reconciled now rather than at the next resync."""
+        if not self.shares.membership.settled:
+            # The first share: the caches start after it (run) and their first lists keep it.
+            return
         if gained or lost:
-            await self.reshard()
+            # Not awaited: the share must count as moved at once (the queue accepts by it), and
+            # the caches' lists may take a while.
+            self._spawn("lifecycle-reshard", self.reshard)
 
     async def work(self) -> None:
         """One reconcile worker: the queue's keys, one after another. A key whose reconcile
