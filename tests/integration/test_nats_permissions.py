@@ -512,7 +512,7 @@ async def test_services_start_in_any_order_and_the_first_creates_every_stream(fr
         for service in ("autopilot", "watcher", "health"):
             async with service_bus(fresh_nats, service):  # finds the streams as lifecycle made them
                 pass
-        subject, message = verdict(unique("ns"), unique("aw"))
+        subject, message = verdict("ns0", unique_in_partition_zero("aw"))
         async with service_bus(fresh_nats, "health") as health:
             await health.publish(subject, message, msg_id=None)
         await until("lifecycle to receive the verdict", lambda: subject in received, within=10)
@@ -790,7 +790,7 @@ async def test_a_reader_can_neither_rewrite_nor_drain_lifecycles_durable(mirrore
             assert f'"{pending.reply}"'.lower() not in reader.refusals().lower()
         after = await respawn_consumer(mirrored, subjects.VERDICTS_STREAM, VERDICTS_DURABLE)
         assert after is not None
-        assert after.config.filter_subject == subjects.verdict_filter()
+        assert after.config.filter_subject == VERDICTS_FILTER
         assert after.config.durable_name == VERDICTS_DURABLE
         assert after.num_ack_pending == before.num_ack_pending
         # Control: the same ack from lifecycle itself does ack.
