@@ -270,8 +270,10 @@ async def test_pod_never_scheduled_is_unhealthy_after_warmup(
 ) -> None:
     kc = stack.kubeconfig
     unschedulable_pod = pod("ns-0", gpus=9)  # every node has 8
+    # The admission grace is long enough that a pod created late on a loaded machine is still
+    # seen before it ends: the verdict must come from the warmup rule, not from admission.
     verdicts = await submit(
-        "ns", unschedulable_pod, admission_grace="1s", warmup_grace="2s", failure_grace="2s", retry_limit=0
+        "ns", unschedulable_pod, admission_grace="20s", warmup_grace="2s", failure_grace="2s", retry_limit=0
     )
     await until("pod ns-0 reported Unschedulable", lambda: unschedulable(kc, namespace, "ns-0"))
     final = await verdicts.wait(unhealthy(Reason.INSUFFICIENT_PODS_READY))
