@@ -88,8 +88,7 @@ class Membership:
         self.clock = clock
         self.owned: frozenset[int] = frozenset()
         self.members: frozenset[str] = frozenset()
-        self.settled = False  # the first share has been taken
-        self.first_share = asyncio.Event()  # set when it is
+        self.first_share = asyncio.Event()  # set once the first share has been taken
         self._last_seen: dict[str, float] = {}
         self._own_echo = clock()  # when our own heartbeat last came back through the watch
         self._changed = asyncio.Event()
@@ -97,6 +96,11 @@ class Membership:
         self._kv: Any = None
 
     # ------------------------------------------------------------------ queries
+
+    @property
+    def settled(self) -> bool:
+        """Whether the first share has been taken."""
+        return self.first_share.is_set()
 
     def owns(self, namespace: str, name: str) -> bool:
         """Whether the AppWrapper ``namespace/name`` is in this replica's share."""
@@ -249,7 +253,6 @@ class Membership:
             self.owned = previous & share
             await self.on_change(previous, share)
             self.owned = share
-            self.settled = True
             self.first_share.set()
             OWNED.labels(group=self.group).set(len(share))
             HANDOFFS.labels(group=self.group, direction="gained").inc(len(gained))

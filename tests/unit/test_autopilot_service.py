@@ -180,6 +180,6 @@ async def test_the_replay_ends_once_the_share_is_known_and_a_standby_is_ready_wi
     await asyncio.sleep(0)
     assert not finished.done()  # it waits to know whether it is the active replica
     await svc.moved(frozenset(), frozenset())  # the standby: no partition
-    svc.membership.settled = True
+    svc.membership.first_share.set()
     await finished
     assert svc.caught_up and svc.ready() and not svc.active()
