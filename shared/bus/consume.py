@@ -59,6 +59,9 @@ DeliverPolicy = api.DeliverPolicy
 
 # How long a busy consumer's batch fetch may wait for more messages (seconds).
 BUSY_FETCH_TIMEOUT = 0.05
+# The pause after a fetch that failed, before the first retry; the retries after it double up to
+# 5 s (shared.bus.backoff).
+FIRST_RETRY_DELAY = 0.1
 
 # JetStream's error code for "stream not found" (nats-server's errors.json, JSStreamNotFoundErr).
 STREAM_NOT_FOUND = 10059
@@ -385,52 +388,67 @@ class Consumer(Generic[M]):
         """One fetch of up to ``size`` messages (default: the batch size), (re)binding first
         when needed; errors back off and retry forever."""
         size = size or self._batch
+        try:
+            # The common case, with no retry machinery around it: on an idle consumer this runs
+            # once per message, and a tenacity loop per fetch costs as much as the fetch itself.
+            return await self._fetch(size)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._log_retry(exc, FIRST_RETRY_DELAY)
+            await asyncio.sleep(FIRST_RETRY_DELAY)
 
         def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
-            self._problem = redact(f"{type(exc).__name__}: {exc}")
-            log.warning(
-                "consumer %s/%s: %s: %s; retrying in %.1fs",
-                self.stream,
-                self.durable,
-                type(exc).__name__,
-                exc,
-                state.upcoming_sleep,
-            )
+            self._log_retry(exc, state.upcoming_sleep)
 
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(Exception),
-            wait=backoff(0.1, 5.0),
+            wait=backoff(2 * FIRST_RETRY_DELAY, 5.0),
             before_sleep=before_sleep,
         ):
             with attempt:
-                if self._psub is None or self._generation != self._bus.reconnects:
-                    await self._bind()
-                    if self._observer is not None:
-                        await self._observer.bound(self)
-                try:
-                    if self._idle:
-                        # nats-py's fetch(n > 1) holds on to a lingering pull until n messages or
-                        # the timeout, so one message arriving on an idle consumer would wait up
-                        # to fetch_timeout. Waiting for exactly one returns the moment it arrives.
-                        msgs = list(await self._psub.fetch(1, timeout=self._fetch_timeout))
-                    else:
-                        # Busy: take what is there now (the no-wait probe returns at once), and
-                        # linger only briefly when the backlog has just run dry.
-                        msgs = list(await self._psub.fetch(size, timeout=BUSY_FETCH_TIMEOUT))
-                except TimeoutError:  # nothing to do: the normal idle case
-                    msgs = []
-                except Exception:
-                    # A deleted consumer answers "no responders" here: bind (and so create) again.
-                    self._bound = False
-                    self._psub = None
-                    raise
-                self._idle = not msgs
-                self._problem = ""
-                if not msgs and self._observer is not None:
-                    await self._observer.idle(self)
-                return msgs
+                return await self._fetch(size)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _log_retry(self, exc: BaseException | None, delay: float) -> None:
+        self._problem = redact(f"{type(exc).__name__}: {exc}")
+        log.warning(
+            "consumer %s/%s: %s: %s; retrying in %.1fs",
+            self.stream,
+            self.durable,
+            type(exc).__name__,
+            exc,
+            delay,
+        )
+
+    async def _fetch(self, size: int) -> list[Any]:
+        if self._psub is None or self._generation != self._bus.reconnects:
+            await self._bind()
+            if self._observer is not None:
+                await self._observer.bound(self)
+        try:
+            if self._idle:
+                # nats-py's fetch(n > 1) holds on to a lingering pull until n messages or the
+                # timeout, so one message arriving on an idle consumer would wait up to
+                # fetch_timeout. Waiting for exactly one returns the moment it arrives.
+                msgs = list(await self._psub.fetch(1, timeout=self._fetch_timeout))
+            else:
+                # Busy: take what is there now (the no-wait probe returns at once), and linger
+                # only briefly when the backlog has just run dry.
+                msgs = list(await self._psub.fetch(size, timeout=BUSY_FETCH_TIMEOUT))
+        except TimeoutError:  # nothing to do: the normal idle case
+            msgs = []
+        except Exception:
+            # A deleted consumer answers "no responders" here: bind (and so create) again.
+            self._bound = False
+            self._psub = None
+            raise
+        self._idle = not msgs
+        self._problem = ""
+        if not msgs and self._observer is not None:
+            await self._observer.idle(self)
+        return msgs
 
     async def _bind(self) -> None:
         await self._unbind()
