@@ -182,6 +182,9 @@ class Publisher:
     ) -> None:
         self.rt = rt
         self.may_publish = may_publish
+        # How long one publish is retried by the bus before it raises and this publisher's own
+        # loop (which also stops once the partition is no longer this replica's) takes over.
+        self.retry_for = 30.0
         self.window = asyncio.Semaphore(window)
         # Per subject, the latest publish submitted and not finished yet, and whether it is a
         # tombstone: the next one of the subject waits for it.
@@ -298,7 +301,11 @@ class Publisher:
         while True:
             try:
                 published = await self.rt.bus.publish(
-                    subject, message, msg_id=msg_id, ttl=self.tombstone_ttl if deleted else None
+                    subject,
+                    message,
+                    msg_id=msg_id,
+                    ttl=self.tombstone_ttl if deleted else None,
+                    retry_for=self.retry_for,
                 )
                 break
             except Exception as exc:

@@ -409,13 +409,15 @@ async def test_an_object_seen_while_nats_is_down_is_published_once_it_is_back(
     kc = testbed.kubeconfig
     subject, after = aw_subject(namespace, "during-outage"), aw_subject(namespace, "after-it")
     failed_before = failed_total()
-    async with running(own_bus, kube, namespace):
+    async with running(own_bus, kube, namespace) as w:
+        # The bus gives up on a publish after this long, and the watcher's own retries begin.
+        w.publisher.retry_for = 2.0
         await asyncio.to_thread(own_nats.stop)
         identity = await create(kc, namespace, appwrapper("during-outage", WIDGET))
         await create(kc, namespace, appwrapper("after-it", WIDGET))
-        # The bus retries a failed publish for 30 s by itself and then raises; an outage longer
-        # than that reaches the watcher, which retries in turn instead of giving up on the
-        # objects (each publish of its own, both in flight).
+        # The bus retries a failed publish for a while by itself and then raises; an outage
+        # longer than that reaches the watcher, which retries in turn instead of giving up on
+        # the objects (each publish of its own, both in flight).
         for waiting in (subject, after):
             await until(
                 f"the watcher to retry the publish of {waiting} itself",
