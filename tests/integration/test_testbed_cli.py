@@ -76,44 +76,6 @@ def test_up_twice_then_down_leaves_no_process_and_no_port(tmp_path: Path) -> Non
     assert open_ports == [], f"ports still open after down: {open_ports}"
 
 
-@needs_binaries
-def test_up_with_nats_tls_runs_the_services_over_tls(tmp_path: Path) -> None:
-    state_dir = tmp_path / "tb"
-    up = respawn("local", "up", "--state-dir", str(state_dir), "--nodes", "1", "--nats-tls", "--json")
-    assert up.returncode == 0, up.stderr
-    info = json.loads(up.stdout)
-    pids: dict[str, int] = json.loads((state_dir / "state.json").read_text())["pids"]
-    try:
-        assert info["natsUrl"].startswith("tls://127.0.0.1:")
-        assert (state_dir / "nats.url").read_text().strip() == info["natsUrl"]
-        assert Path(info["natsCaFile"]).read_text().startswith("-----BEGIN CERTIFICATE-----")
-        # Every service connected over TLS, trusting the testbed's CA (up waited until each was ready).
-        assert sorted(info["services"]) == sorted(SERVICES)
-        for service in SERVICES:
-            log = (state_dir / "logs" / f"{service}.log").read_text()
-            assert f"connected to NATS at {info['natsUrl']}" in log, service
-        status = respawn("local", "status", "--state-dir", str(state_dir), "--json")
-        assert status.returncode == 0 and json.loads(status.stdout)["running"] is True, status.stdout
-
-        # Again, for the shell: what the CLI and `respawn run` need to trust the server too.
-        again = respawn("local", "up", "--state-dir", str(state_dir), "--nats-tls")
-        assert again.returncode == 0, again.stderr
-        assert again.stdout.splitlines() == [
-            f"export KUBECONFIG={info['kubeconfig']}",
-            f"export NATS_URL={info['natsUrl']}",
-            f"export RESPAWN_NATS_TLS_CA_FILE={info['natsCaFile']}",
-        ]
-        # Asked for without TLS, the running testbed is not passed off as one.
-        plain = respawn("local", "up", "--state-dir", str(state_dir))
-        assert plain.returncode != 0
-        line = error_line(plain)
-        assert "runs NATS with TLS" in line and "respawn local down" in line
-    finally:
-        down = respawn("local", "down", "--state-dir", str(state_dir))
-    assert down.returncode == 0, down.stderr
-    assert_nothing_left(state_dir, pids)
-
-
 def environment_of(pid: int) -> dict[str, str]:
     """The environment a running process was started with."""
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -126,10 +88,22 @@ def ready(port: int) -> bool:
 
 
 @needs_binaries
-def test_up_with_replicas_runs_each_ready_under_its_own_name_and_down_stops_them_all(tmp_path: Path) -> None:
+def test_up_with_nats_tls_and_replicas_runs_each_replica_over_tls_and_down_stops_them_all(
+    tmp_path: Path,
+) -> None:
+    # Both flags in one start: a control plane takes half a minute to come up.
     state_dir = tmp_path / "tb"
     up = respawn(
-        "local", "up", "--state-dir", str(state_dir), "--nodes", "1", "--replicas", "health=2", "--json"
+        "local",
+        "up",
+        "--state-dir",
+        str(state_dir),
+        "--nodes",
+        "1",
+        "--nats-tls",
+        "--replicas",
+        "health=2",
+        "--json",
     )
     pids: dict[str, int] = (
         json.loads((state_dir / "state.json").read_text())["pids"] if up.returncode == 0 else {}
@@ -137,6 +111,9 @@ def test_up_with_replicas_runs_each_ready_under_its_own_name_and_down_stops_them
     try:
         assert up.returncode == 0, up.stderr
         info = json.loads(up.stdout)
+        assert info["natsUrl"].startswith("tls://127.0.0.1:")
+        assert (state_dir / "nats.url").read_text().strip() == info["natsUrl"]
+        assert Path(info["natsCaFile"]).read_text().startswith("-----BEGIN CERTIFICATE-----")
         assert info["services"] == list(SERVICES)
         replicas = info["replicas"]
         # Two health processes, each with its own pid, probe port, log and identity; one of the others.
@@ -153,9 +130,10 @@ def test_up_with_replicas_runs_each_ready_under_its_own_name_and_down_stops_them
             assert replica["running"] is True and pids[name] == replica["pid"], name
             assert ready(replica["probePort"]), f"{name} is not ready"
             assert environment_of(replica["pid"])["RESPAWN_INSTANCE"] == name
+            # Every replica connected over TLS, trusting the testbed's CA (up waited until each was ready).
             assert (
                 f"connected to NATS at {info['natsUrl']}" in (state_dir / "logs" / f"{name}.log").read_text()
-            )
+            ), name
 
         status = respawn("local", "status", "--state-dir", str(state_dir), "--json")
         assert status.returncode == 0, status.stderr
@@ -164,11 +142,24 @@ def test_up_with_replicas_runs_each_ready_under_its_own_name_and_down_stops_them
         assert {"health-0", "health-1", "watcher", "lifecycle", "autopilot"} <= set(listed["processes"])
         assert listed["replicas"] == replicas
 
-        # `up` again without the flag leaves the replicas as they run.
-        again = respawn("local", "up", "--state-dir", str(state_dir), "--json")
+        # `up` again without --replicas leaves the replicas as they run.
+        again = respawn("local", "up", "--state-dir", str(state_dir), "--nats-tls", "--json")
         assert again.returncode == 0, again.stderr
         assert json.loads(again.stdout)["services"] == []
         assert json.loads(again.stdout)["replicas"] == replicas
+        # Again, for the shell: what the CLI and `respawn run` need to trust the server too.
+        shell = respawn("local", "up", "--state-dir", str(state_dir), "--nats-tls")
+        assert shell.returncode == 0, shell.stderr
+        assert shell.stdout.splitlines() == [
+            f"export KUBECONFIG={info['kubeconfig']}",
+            f"export NATS_URL={info['natsUrl']}",
+            f"export RESPAWN_NATS_TLS_CA_FILE={info['natsCaFile']}",
+        ]
+        # Asked for without TLS, the running testbed is not passed off as one.
+        plain = respawn("local", "up", "--state-dir", str(state_dir))
+        assert plain.returncode != 0
+        line = error_line(plain)
+        assert "runs NATS with TLS" in line and "respawn local down" in line
     finally:
         down = respawn("local", "down", "--state-dir", str(state_dir))
     assert down.returncode == 0, down.stderr
