@@ -297,7 +297,7 @@ class Publisher:
         # repeat of the discarded message; a restored one has an id of its own (the same for any
         # watcher that restores the same discarded message).
         msg_id = prepared.msg_id if discarded is None else f"{prepared.msg_id}:restored:{discarded}"
-        backoff = Backoff(cap=5.0)
+        backoff: Backoff | None = None  # made on the first failure: most publishes have none
         while True:
             try:
                 published = await self.rt.bus.publish(
@@ -314,6 +314,7 @@ class Publisher:
                 if not self.may_publish(subject):
                     log.info("not publishing %s any more: another replica took its partition over", subject)
                     return
+                backoff = backoff or Backoff(cap=5.0)
                 delay = backoff.next()
                 log.warning("publishing %s failed (%s); retrying in %.1fs", subject, exc, delay)
                 await asyncio.sleep(delay)
