@@ -40,7 +40,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -60,13 +60,12 @@ from bench.workload import appwrapper_manifest
 from respawn.testbed.errors import TestbedError
 from respawn.testbed.services import install_crd
 from services.lifecycle.hooks import hooks_for
-from services.lifecycle.templating import component_identity, render_component
+from services.lifecycle.templating import PodTemplateHook, component_identity, render_component
 from shared.appwrapper.constants import APPWRAPPER_LABEL, COMPONENT_ANNOTATION
-from shared.config import LifecycleConfig, OperatorConfig
+from shared.config import ConfigError, load_config
 from shared.kube import KubeApiError
 from shared.kubetime import parse_kube_time
 
-SIDES = ("ceiling", "respawn")
 # The creation rate's windows: long enough to hold many creates, short enough that a run of a
 # few minutes has a dozen of them.
 WINDOW = 10.0
@@ -86,8 +85,9 @@ class MassConfig:
     timeout: float = 3600.0  # each wait of each side: every pod Running, reported, nothing left
     state_dir: Path | None = None
     # The ceiling's creates in flight: lifecycle's reconcile workers, each of which makes at most
-    # one create at a time, so lifecycle never has more creates in flight than this.
-    ceiling_concurrency: int = LifecycleConfig().workers
+    # one create at a time, so lifecycle never has more creates in flight than this. The services
+    # started here read the same environment (and RESPAWN_CONFIG): the count lifecycle runs with.
+    ceiling_concurrency: int = field(default_factory=lambda: load_config().lifecycle.workers)
 
     def bench_config(self) -> BenchConfig:
         """The AppWrappers of the start: each one batch/v1 Job, no GPU, no PyTorchJob, with the
@@ -150,18 +150,19 @@ class StartTracker(Tracker):
 # ------------------------------------------------------------------ what is created
 
 
-def ceiling_job(spec: AwSpec, cfg: BenchConfig, namespace: str) -> dict[str, Any]:
+def ceiling_job(
+    spec: AwSpec, cfg: BenchConfig, namespace: str, hooks: Sequence[PodTemplateHook]
+) -> dict[str, Any]:
     """The Job lifecycle would create for ``spec``'s AppWrapper, rendered by lifecycle's own code
-    with the default configuration's pod-template hooks. Without the owner reference: there is
-    no AppWrapper to own it, and the garbage collector deletes what names an owner that does not
-    exist."""
+    with its pod-template ``hooks``. Without the owner reference: there is no AppWrapper to own
+    it, and the garbage collector deletes what names an owner that does not exist."""
     aw = appwrapper_manifest(spec, cfg)
     uid = str(uuid.uuid4())
     aw["metadata"].update(namespace=namespace, uid=uid)
     body = render_component(
         aw,
         0,
-        hooks=hooks_for(OperatorConfig()),
+        hooks=hooks,
         annotations={COMPONENT_ANNOTATION: component_identity(uid, datetime.now(UTC), 0)},
     )
     body["metadata"].pop("ownerReferences", None)
@@ -341,9 +342,10 @@ async def measure(
 
         result: dict[str, Any] = {"namespace": namespace, "appwrappers": len(workload), "pods": pods}
         # Rendered before the clock starts: the ceiling is the control plane's pace, not ours.
-        jobs = (
-            [ceiling_job(spec, bench_cfg, namespace) for spec in workload] if side_name == "ceiling" else []
-        )
+        jobs: list[dict[str, Any]] = []
+        if side_name == "ceiling":
+            hooks = hooks_for(load_config())  # lifecycle's, as it runs here (same environment)
+            jobs = [ceiling_job(spec, bench_cfg, namespace, hooks) for spec in workload]
         marks = [mark("begin", side.processes)]
         t0 = time.time()
         if side_name == "ceiling":
@@ -605,7 +607,7 @@ def run(cfg: MassConfig, *, log: Log = stderr_log) -> dict[str, Any]:
         bare.ok = not sides["ceiling"]["left"] and not sides["respawn"]["left"]
     config = {
         **{k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
-        "lifecycle_workers": LifecycleConfig().workers,
+        "lifecycle_workers": load_config().lifecycle.workers,
         "submit_concurrency": SUBMIT_CONCURRENCY,
         "window_s": WINDOW,
     }
@@ -626,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    d = MassConfig()
+    d = MassConfig  # its plain defaults (building one reads the configuration, below)
     parser.add_argument("--appwrappers", type=int, default=d.appwrappers)
     parser.add_argument("--pods-per-aw", type=int, default=d.pods_per_aw)
     parser.add_argument("--nodes", type=int, default=None, help="kwok nodes (default: from the workload)")
@@ -641,16 +643,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.appwrappers < 1 or args.pods_per_aw < 1:
         parser.error("--appwrappers and --pods-per-aw must be at least 1")
-    cfg = MassConfig(
-        appwrappers=args.appwrappers,
-        pods_per_aw=args.pods_per_aw,
-        nodes=args.nodes,
-        timeout=args.timeout,
-        state_dir=args.state_dir,
-    )
     try:
+        cfg = MassConfig(
+            appwrappers=args.appwrappers,
+            pods_per_aw=args.pods_per_aw,
+            nodes=args.nodes,
+            timeout=args.timeout,
+            state_dir=args.state_dir,
+        )
         result = run(cfg)
-    except (BenchError, TestbedError) as exc:
+    except (BenchError, TestbedError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     path = result_path(args.out, cfg)

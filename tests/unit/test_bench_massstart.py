@@ -29,24 +29,30 @@ from bench.samples import Mark
 from bench.tracker import AwRec
 from bench.workload import appwrapper_manifest
 from respawn.testbed.cluster import State
+from services.lifecycle.hooks import hooks_for
 from shared.appwrapper.constants import APPWRAPPER_LABEL, COMPONENT_ANNOTATION
-from shared.config import LifecycleConfig
+from shared.config import LifecycleConfig, OperatorConfig
 
 
-def test_the_start_is_of_plain_jobs_and_the_ceiling_has_as_many_creates_in_flight_as_lifecycle_workers() -> (
-    None
-):
+def test_the_start_is_of_plain_jobs_and_the_ceiling_has_as_many_creates_in_flight_as_lifecycle_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RESPAWN_LIFECYCLE_WORKERS", raising=False)
+    monkeypatch.delenv("RESPAWN_CONFIG", raising=False)
     cfg = MassConfig(appwrappers=30, pods_per_aw=2)
     workload = plan_workload(cfg.bench_config())
     assert len(workload) == 30
     assert {(s.kind, s.pods, s.gpu) for s in workload} == {("job", 2, False)}
-    assert cfg.ceiling_concurrency == LifecycleConfig().workers
+    assert cfg.ceiling_concurrency == LifecycleConfig().workers == 8
+    # The services started by the benchmark inherit its environment: so does the ceiling.
+    monkeypatch.setenv("RESPAWN_LIFECYCLE_WORKERS", "5")
+    assert MassConfig().ceiling_concurrency == 5
 
 
 def test_the_ceiling_creates_the_job_the_appwrapper_wraps_with_lifecycles_labels_and_no_owner() -> None:
     cfg = MassConfig().bench_config()
     spec = AwSpec("aw-007", "job", 2, False)
-    job = ceiling_job(spec, cfg, "ns")
+    job = ceiling_job(spec, cfg, "ns", hooks_for(OperatorConfig()))
     wrapped = appwrapper_manifest(spec, cfg)["spec"]["components"][0]["template"]
 
     assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
