@@ -35,6 +35,13 @@ async def delete_all(session: Session, tracker: Tracker, limit: float, log: Log)
     failed = [r for r in results if isinstance(r, BaseException)]
     if failed:
         log(f"{len(failed)} deletes failed (first: {failed[0]!r}); waiting anyway")
+    return await wait_gone(session, tracker, t, limit)
+
+
+async def wait_gone(session: Session, tracker: Tracker, t: float, limit: float) -> tuple[float, list[str]]:
+    """Wait until the watches, then a LIST, find no AppWrapper, labelled pod or component of the
+    workload, at most ``limit`` seconds after ``t`` (``time.monotonic()`` when the deletes began).
+    Returns the seconds since ``t`` and, if the limit ran out first, what was left."""
     left: list[str] = []
     confirmed_at = 0.0
     while time.monotonic() - t < limit:

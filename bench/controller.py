@@ -64,6 +64,8 @@ def start_controller(
 
     For Respawn, ``replicas`` is the number of processes of each service (one when not named);
     every process of every service is returned, replicas under their own names (``health-0``).
+    ``none`` is the testbed alone, no controller at all (the control plane measured by itself):
+    nothing is started, and a testbed that runs Respawn's services is refused.
     """
     running = running_services(state)
     if controller == "respawn":
@@ -79,11 +81,18 @@ def start_controller(
         return {n: state.pids[n] for n in sorted(names)}, started
     if running:
         listed = ", ".join(n for ns in running.values() for n in ns)
+        if controller == "none":
+            raise BenchError(
+                f"the testbed in {state.state_dir} runs Respawn's services ({listed}), whose work "
+                "would be counted as the control plane's; start it with 'respawn local up --no-services'"
+            )
         raise BenchError(
             f"the testbed in {state.state_dir} runs Respawn's services ({listed}), which "
             "would act on the same AppWrappers; start it with 'respawn local up --no-services' "
             "for --controller upstream"
         )
+    if controller == "none":
+        return {}, []
     if replicas:
         raise BenchError("--replicas counts Respawn's services; the upstream controller is one process")
     install_crd(state.kubeconfig)

@@ -210,7 +210,8 @@ def phase_seconds(marks: Sequence[Mark]) -> dict[str, float]:
     return {b.phase: round(b.wall - a.wall, 3) for a, b in itertools.pairwise(marks)}
 
 
-def _sum(values: Sequence[float | None]) -> float | None:
+def sum_known(values: Sequence[float | None]) -> float | None:
+    """The sum of the values known (None: none is)."""
     # CPU time is counted in clock ticks (10 ms); three decimals keep float noise out of the JSON.
     known = [v for v in values if v is not None]
     return round(sum(known), 3) if known else None
@@ -229,15 +230,15 @@ def by_service(per_process: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[s
         phases: dict[str, float | None] = {}
         for p in procs:
             for phase, value in (p.get("cpu_phases_s") or {}).items():
-                phases[phase] = _sum([phases.get(phase), value])
+                phases[phase] = sum_known([phases.get(phase), value])
         rss = [p["peak_rss_mib"] for p in procs if p.get("peak_rss_mib") is not None]
         out[service] = {
             "processes": names,
-            "cpu_s": _sum([p.get("cpu_s") for p in procs]),
-            "cpu_fault_phase_s": _sum([p.get("cpu_fault_phase_s") for p in procs]),
+            "cpu_s": sum_known([p.get("cpu_s") for p in procs]),
+            "cpu_fault_phase_s": sum_known([p.get("cpu_fault_phase_s") for p in procs]),
             "cpu_phases_s": phases,
-            "cpu_whole_run_s": _sum([p.get("cpu_whole_run_s") for p in procs]),
-            "idle_cpu_percent": _sum([p.get("idle_cpu_percent") for p in procs]),
+            "cpu_whole_run_s": sum_known([p.get("cpu_whole_run_s") for p in procs]),
+            "idle_cpu_percent": sum_known([p.get("idle_cpu_percent") for p in procs]),
             "peak_rss_mib_sum": sum(rss) if rss else None,
             "peak_rss_mib_max": max(rss) if rss else None,
         }

@@ -69,8 +69,8 @@ def testbed(
 ) -> Iterator[Testbed]:
     """Reuse the running testbed in ``state_dir``, or start one of ``nodes`` nodes; start the
     controller on it (Respawn: ``replicas[service]`` processes of each service, one when not
-    named; on a reused testbed the processes that run are used as they are). On the way out, stop
-    what was started here."""
+    named; on a reused testbed the processes that run are used as they are; ``none``: no
+    controller). On the way out, stop what was started here."""
     directory = (state_dir or Path(tempfile.mkdtemp(prefix="respawn-bench-"))).resolve()
     state = running_state(directory)
     own = state is None
