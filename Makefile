@@ -33,7 +33,7 @@ integration: venv binaries
 	$(BIN)/pytest tests/integration -q
 
 test: venv binaries lint
-	$(BIN)/pytest -q --durations=15
+	$(BIN)/pytest -q --durations=40
 
 demo: venv binaries
 	$(BIN)/respawn demo

@@ -246,28 +246,40 @@ class Executor:
                 (time.perf_counter() - t_delete) * 1000,
             )
         for action in plan.actions:
-            if isinstance(action, _DELETES):
+            if isinstance(action, _DELETES | EmitEvent | PublishLifecycleEvent):
                 continue
             if isinstance(action, CreateComponent):
                 with tracer.start_as_current_span(
                     "lifecycle.create_component", attributes={"component": action.index}
                 ):
                     outcomes[action.index] = await self.create(action, meta.get("uid", ""))
-            elif isinstance(action, EmitEvent | PublishLifecycleEvent):
-                carried.announced = await self.announce_one(aw, action) and carried.announced
             else:
                 await self.act(aw, action, observed)
+        carried.announced = await self.announce(aw, plan.actions)
         if plan.finalizer is FinalizerChange.REMOVE:
             await self.remove_finalizer(meta["name"], meta.get("namespace"), aw["metadata"])
         return carried
 
     async def announce(self, aw: Mapping[str, Any], actions: Sequence[Action]) -> bool:
-        """Send announcements (e.g. those owed after a crash); whether all were delivered."""
-        delivered = True
-        for action in actions:
-            if isinstance(action, EmitEvent | PublishLifecycleEvent):
-                delivered = await self.announce_one(aw, action) and delivered
-        return delivered
+        """Send the announcements among ``actions`` (a plan's, or those owed after a crash);
+        whether all were delivered.
+
+        The Events go out side by side, beside the lifecycle messages, which go out one after
+        another in the plan's order (a reader of the stream sees them as they happened): one
+        after another, a pass that announces a phase change waited for a round trip per
+        Event, and a mass start of thousands of AppWrappers for all of them in turn.
+        """
+        events = [a for a in actions if isinstance(a, EmitEvent)]
+        messages = [a for a in actions if isinstance(a, PublishLifecycleEvent)]
+
+        async def in_order() -> bool:
+            delivered = True
+            for message in messages:
+                delivered = await self.announce_one(aw, message) and delivered
+            return delivered
+
+        results = await asyncio.gather(in_order(), *(self.announce_one(aw, event) for event in events))
+        return all(results)
 
     async def announce_one(self, aw: Mapping[str, Any], action: EmitEvent | PublishLifecycleEvent) -> bool:
         """One announcement; whether it was delivered (a copy refused as a duplicate was).
