@@ -246,7 +246,7 @@ class Executor:
                 (time.perf_counter() - t_delete) * 1000,
             )
         for action in plan.actions:
-            if isinstance(action, _DELETES | EmitEvent | PublishLifecycleEvent):
+            if isinstance(action, (*_DELETES, EmitEvent, PublishLifecycleEvent)):
                 continue
             if isinstance(action, CreateComponent):
                 with tracer.start_as_current_span(
