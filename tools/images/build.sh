@@ -31,6 +31,11 @@ SUITE=bookworm
 # packages give the same bytes, and the same bytes the same digest.
 export SOURCE_DATE_EPOCH=0
 mkdir -p "$IMAGES"
+# One run at a time on a cache: a second waits, then finds what the first built.
+exec 9> "$IMAGES/.lock"
+flock 9 || { printf 'error: locking %s/.lock failed\n' "$IMAGES" >&2; exit 1; }
+# The buildah store of a run that was killed before its cleanup.
+rm -rf "$IMAGES"/.build.*
 
 log() { printf '[images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 fail() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -120,7 +125,7 @@ prepare() {
   fi
   local avail_kb
   avail_kb="$(df -Pk "$IMAGES" | awk 'NR == 2 { print $4 }')"
-  [ "$avail_kb" -ge $((4 * 1024 * 1024)) ] || fail "less than 4 GB free under $IMAGES ($((avail_kb / 1024)) MB); a build needs about 2 GB while it runs"
+  [ "$avail_kb" -ge $((4 * 1024 * 1024)) ] || fail "less than 4 GB free under $IMAGES ($((avail_kb / 1024)) MB); a build needs about 1.5 GB while it runs"
   STORE="$(mktemp -d "$IMAGES/.build.XXXXXX")"
 }
 
@@ -135,7 +140,7 @@ archive_digest() {
 
 # Commit the working container $1 as $2 and save it into cache entry $3 (made atomically).
 save() {
-  local c="$1" name="$2" dir="$3" digest
+  local c="$1" name="$2" dir="$3"
   B commit --quiet --rm --format oci --timestamp "$SOURCE_DATE_EPOCH" "$c" "$name" >/dev/null || fail "committing $name failed; see the output above"
   publish "$name" "$dir"
 }
