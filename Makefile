@@ -20,7 +20,7 @@ venv: $(STAMP)
 binaries:
 	@tools/k8sbins/build.sh >/dev/null
 
-# Container images without Docker or a registry (docs/deploy.md); not part of `make test`.
+# Container images without Docker or a registry (docs/deploy.md).
 images: venv
 	@VENV=$(VENV) tools/images/build.sh
 
