@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration binaries venv down clean
+.PHONY: demo test lint unit integration binaries images venv down clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=python3.x'"; exit 1; }
@@ -19,6 +19,10 @@ venv: $(STAMP)
 
 binaries:
 	@tools/k8sbins/build.sh >/dev/null
+
+# Container images without Docker or a registry (docs/deploy.md).
+images: venv
+	@VENV=$(VENV) tools/images/build.sh
 
 lint: venv
 	$(BIN)/ruff check shared services respawn tests bench

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds the local testbed's binaries from the Go module proxy and caches them
-# outside the repository, keyed by version. Idempotent: a binary that is already
-# in the cache is not rebuilt. Prints one progress line per step.
+# Builds the local testbed's binaries, and a kubelet for running real pods, from the
+# Go module proxy and caches them outside the repository, keyed by version (a binary
+# added to the list lands in the same directory, so the testbed finds the others).
+# Idempotent: a binary that is already in the cache is not rebuilt. Prints one
+# progress line per step.
 #
 #   tools/k8sbins/build.sh            # build whatever is missing
 #   RESPAWN_CACHE_DIR=/x tools/k8sbins/build.sh
@@ -25,7 +27,7 @@ export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-trimpath -buildvcs=false"
 
 need() { for b in "$@"; do [ -x "$OUT/$b" ] || return 0; done; return 1; }
 
-if need kube-apiserver kube-controller-manager kube-scheduler etcd; then
+if need kube-apiserver kube-controller-manager kube-scheduler kubelet etcd; then
   WORK="$CACHE_ROOT/gomod/k8s-$K8S_VERSION"
   mkdir -p "$WORK"
   log "preparing wrapper module for k8s.io/kubernetes $K8S_VERSION in $WORK"
@@ -61,15 +63,18 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )
 GO
   log "resolving modules (go mod tidy)"
   (cd "$WORK" && go mod tidy) || fail "go mod tidy failed for k8s $K8S_VERSION; see output above"
   LD="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$MINOR -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
-  for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
+  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
     if [ ! -x "$OUT/$cmd" ]; then
       log "building $cmd $K8S_VERSION (several minutes on a cold cache)"
       (cd "$WORK" && go build -ldflags "$LD" -o "$OUT/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd") || fail "building $cmd failed; see output above"
+      # The version is stamped by -ldflags; a binary that does not report it was built wrong.
+      [ "$("$OUT/$cmd.tmp" --version 2>&1)" = "Kubernetes $K8S_VERSION" ] || fail "$cmd does not report version $K8S_VERSION after building; see '$OUT/$cmd.tmp --version'"
       mv "$OUT/$cmd.tmp" "$OUT/$cmd"
     fi
   done

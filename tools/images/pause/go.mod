@@ -1,0 +1,3 @@
+module respawn.invalid/pause
+
+go 1.24
