@@ -39,6 +39,8 @@ rm -rf "$IMAGES"/.build.*
 
 log() { printf '[images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 fail() { printf 'error: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=tools/lib/debian.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/debian.sh"
 
 command -v go >/dev/null 2>&1 || fail "'go' not found on PATH; install Go >= 1.24 (https://go.dev/dl) and retry (it builds the pause binary)"
 command -v sha256sum >/dev/null 2>&1 || fail "'sha256sum' not found on PATH; install coreutils"
@@ -115,14 +117,7 @@ B() { buildah --root "$STORE/root" --runroot "$STORE/run" --storage-driver vfs "
 prepare() {
   [ -z "$STORE" ] || return 0
   [ "$(id -u)" = 0 ] || fail "building images needs root (mmdebstrap and buildah build root filesystems); rerun as root"
-  local missing=()
-  command -v buildah >/dev/null 2>&1 || missing+=(buildah)
-  command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
-  if [ "${#missing[@]}" -gt 0 ]; then
-    log "installing ${missing[*]} from Debian's packages"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } >&2 \
-      || fail "installing ${missing[*]} with apt-get failed; see the output above"
-  fi
+  install_missing buildah mmdebstrap
   local avail_kb
   avail_kb="$(df -Pk "$IMAGES" | awk 'NR == 2 { print $4 }')"
   [ "$avail_kb" -ge $((4 * 1024 * 1024)) ] || fail "less than 4 GB free under $IMAGES ($((avail_kb / 1024)) MB); a build needs about 1.5 GB while it runs"

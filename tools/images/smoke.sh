@@ -11,16 +11,11 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 log() { printf '[smoke %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 fail() { printf 'error: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=tools/lib/debian.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/debian.sh"
 
 [ "$(id -u)" = 0 ] || fail "the smoke test needs root (it runs containerd); rerun as root"
-missing=()
-command -v containerd >/dev/null 2>&1 || missing+=(containerd)
-command -v runc >/dev/null 2>&1 || missing+=(runc)
-if [ "${#missing[@]}" -gt 0 ]; then
-  log "installing ${missing[*]} from Debian's packages"
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } >&2 \
-    || fail "installing ${missing[*]} with apt-get failed; see the output above"
-fi
+install_missing containerd runc
 
 log "building the images (or finding them in the cache)"
 LIST="$("$HERE/build.sh")" || fail "tools/images/build.sh failed; see the output above"
