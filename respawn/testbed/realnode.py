@@ -498,7 +498,8 @@ class RealNode:
         )
 
     def wait_ready(self, kubeconfig: Path, *, timeout: float = 120) -> None:
-        """Until the images are imported and the node is Ready; a dead kubelet or containerd fails it."""
+        """Until the images are imported and the node is Ready and takes pods; a dead kubelet or
+        containerd fails it."""
         if self._imports is not None:
             self._imports.join(timeout)
             if self._imports.is_alive():
@@ -516,9 +517,17 @@ class RealNode:
                     f"containerd exited while the node started; last log lines ({containerd.log}): "
                     f"{tail(containerd.log)}"
                 )
-            return node_ready(kubeconfig) is True
+            return node_ready(kubeconfig, schedulable=True) is True
 
-        wait_until(self.kubelet, ready, timeout=timeout, what=f"running node {NODE_NAME} Ready", interval=0.2)
+        # Ready is not enough: until the node controller lifts its not-ready taint (it looks every
+        # 5 s), the scheduler places no pod there.
+        wait_until(
+            self.kubelet,
+            ready,
+            timeout=timeout,
+            what=f"running node {NODE_NAME} Ready for pods",
+            interval=0.2,
+        )
         self.log(f"node {NODE_NAME} Ready")
 
 
@@ -532,8 +541,10 @@ def _ctr(layout: Layout) -> list[str]:
     return ["ctr", "--address", str(layout.socket), "--namespace", "k8s.io"]
 
 
-def node_ready(kubeconfig: Path) -> bool | None:
-    """Whether the real node is Ready; None when the API server does not know it (or cannot answer)."""
+def node_ready(kubeconfig: Path, *, schedulable: bool = False) -> bool | None:
+    """Whether the real node is Ready (with ``schedulable``: and rid of the taints the node
+    controller keeps on a node until it has seen it Ready, ``node.kubernetes.io/not-ready`` and
+    the like); None when the API server does not know it (or cannot answer)."""
     from respawn.testbed.cluster import kubectl
 
     proc = kubectl(
@@ -542,13 +553,14 @@ def node_ready(kubeconfig: Path) -> bool | None:
         "node",
         NODE_NAME,
         "-o",
-        'jsonpath={.status.conditions[?(@.type=="Ready")].status}',
+        'jsonpath={.status.conditions[?(@.type=="Ready")].status} {.spec.taints[*].key}',
         check=False,
         timeout=10,
     )
     if proc.returncode != 0:
         return None
-    return proc.stdout.strip() == "True"
+    ready, *taints = proc.stdout.split()
+    return ready == "True" and not (schedulable and any(t.startswith("node.kubernetes.io/") for t in taints))
 
 
 # ------------------------------------------------------------------ stop

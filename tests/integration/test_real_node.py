@@ -247,7 +247,9 @@ def test_real_node_joins_a_running_testbed_and_goes_with_it(tmp_path: Path) -> N
         assert json.loads(plain.stdout)["realNode"] is None
         control_plane = dict(pids)
 
-        joined = respawn("local", "up", "--state-dir", str(state_dir), "--real-node", "--json")
+        joined = respawn(
+            "local", "up", "--state-dir", str(state_dir), "--no-services", "--real-node", "--json"
+        )
         pids = json.loads((state_dir / "state.json").read_text())["pids"]
         assert joined.returncode == 0, joined.stderr
         assert json.loads(joined.stdout)["realNode"]["ready"] is True
@@ -256,7 +258,9 @@ def test_real_node_joins_a_running_testbed_and_goes_with_it(tmp_path: Path) -> N
         assert set(pids) - set(control_plane) == {"containerd", "kubelet"}
         assert realnode.node_ready(Path(json.loads(joined.stdout)["kubeconfig"])) is True
 
-        again = respawn("local", "up", "--state-dir", str(state_dir), "--real-node", "--json")
+        again = respawn(
+            "local", "up", "--state-dir", str(state_dir), "--no-services", "--real-node", "--json"
+        )
         assert again.returncode == 0, again.stderr
         assert json.loads((state_dir / "state.json").read_text())["pids"] == pids
     finally:
