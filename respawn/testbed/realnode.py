@@ -9,11 +9,12 @@ CNI plugins: a bridge of the testbed's own with ``host-local`` addresses (docs/d
 node in the local testbed"). The node carries the taint ``respawn.dev/real-node=true:NoSchedule``,
 so that only pods tolerating it land there and bulk workloads stay on kwok's nodes.
 
-Outside ``DIR`` it changes only what ``DIR/node/host.json`` records before the change, and
-``stop`` undoes all of it: the bridge, the pods' cgroups (under a root of the testbed's own) and
-the kernel settings the kubelet sets when it starts. ``stop`` also stops every pod through the
-CRI (which releases the pods' network namespaces), and unmounts whatever is still mounted under
-``DIR`` (the pods' volumes, the containers' root filesystems).
+Outside ``DIR`` it changes only what ``DIR/node/host.json`` records before the change (or what
+leads into ``DIR``), and ``stop`` undoes all of it: the bridge, the pods' cgroups (under a root of
+the testbed's own), the kernel settings the kubelet sets when it starts, the kubelet's links to its
+containers' logs and the directories of compiled-in paths made on the way. ``stop`` also stops
+every pod through the CRI (which releases the pods' network namespaces), and unmounts whatever is
+still mounted under ``DIR`` (the pods' volumes, the containers' root filesystems).
 """
 
 from __future__ import annotations
@@ -56,6 +57,19 @@ KUBELET_SYSCTLS = (
     "kernel/keys/root_maxkeys",
     "kernel/keys/root_maxbytes",
 )
+# Directories outside DIR whose paths are compiled into the kubelet (its links to the containers'
+# logs), the CNI library (its cache of results) and containerd (network namespaces, shims'
+# sockets), made when missing: `stop` removes those `up` did not find, once they are empty.
+# Children before their parents.
+MACHINE_DIRS = (
+    Path("/var/log/containers"),
+    Path("/var/lib/cni/results"),
+    Path("/var/lib/cni"),
+    Path("/run/netns"),
+    Path("/run/containerd/s"),
+    Path("/run/containerd"),
+)
+CONTAINER_LOG_LINKS = MACHINE_DIRS[0]
 # The images a node needs itself (the pod sandbox) and the one its first workloads run;
 # directories of tools/images/build.sh's cache, each with image.tar and name.
 NODE_IMAGES = ("pause", "busybox")
@@ -242,6 +256,7 @@ def _record_host(layout: Layout) -> None:
         "cgroupRoot": layout.cgroup_root,
         "sysctls": _read_sysctls(),
         "socket": str(layout.socket),
+        "madeDirs": [str(d) for d in MACHINE_DIRS if not d.exists()],
     }
     tmp = layout.host_file.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2))
@@ -598,8 +613,12 @@ def stop(state_dir: Path, pids: dict[str, int], log: Log = _say_nothing) -> list
     bridge = host["bridge"] if host else layout.bridge
     if _link_exists(bridge):
         subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
+    _remove_log_links(state_dir.resolve())
     if host:
         _restore_sysctls(host.get("sysctls", {}), log)
+        for made in host.get("madeDirs", []):
+            with contextlib.suppress(OSError):  # not empty: in use by another node's pods
+                Path(made).rmdir()
     return left
 
 
@@ -714,6 +733,17 @@ def _remove_cgroups(cgroup_root: str) -> None:
     for cg in _our_cgroups(cgroup_root):
         with contextlib.suppress(OSError):
             cg.rmdir()
+
+
+def _remove_log_links(state_dir: Path) -> None:
+    """The kubelet's links to its containers' logs (it removes one when it removes the container;
+    its pods were removed without it), those that lead into ``state_dir`` and no others."""
+    if not CONTAINER_LOG_LINKS.is_dir():
+        return
+    for link in CONTAINER_LOG_LINKS.iterdir():
+        with contextlib.suppress(OSError):
+            if link.is_symlink() and Path(os.readlink(link)).is_relative_to(state_dir):
+                link.unlink()
 
 
 def _restore_sysctls(saved: dict[str, str], log: Log) -> None:

@@ -6,8 +6,8 @@
   ends Failed with exit code 1 in its container status, one that exits 0 Succeeded, and a pod
   reads its projected service-account token (its log, read through the API server from the
   kubelet, counts the bytes).
-- `local status` shows the node; `local down` leaves no process, no mount, no bridge, no cgroup,
-  no network namespace and the kernel settings as they were.
+- `local status` shows the node; `local down` leaves no process, mount, bridge, cgroup, network
+  namespace, log link or directory of the node, and the kernel settings as they were.
 - `up --real-node` on a running testbed without one adds the node and keeps the rest running;
   once more, it changes nothing.
 
@@ -98,12 +98,19 @@ def exit_code(pod_obj: dict[str, Any]) -> int:
     return int(status["state"]["terminated"]["exitCode"])
 
 
-def sysctls() -> dict[str, str]:
-    return {name: (Path("/proc/sys") / name).read_text().strip() for name in realnode.KUBELET_SYSCTLS}
-
-
 def netns_entries() -> set[str]:
     return set(os.listdir(NETNS_DIR)) if NETNS_DIR.is_dir() else set()
+
+
+def machine() -> dict[str, Any]:
+    """What a real node may change on this machine outside its state dir, as it is now."""
+    return {
+        "sysctls": {
+            name: (Path("/proc/sys") / name).read_text().strip() for name in realnode.KUBELET_SYSCTLS
+        },
+        "netns": netns_entries(),
+        "dirs": {str(d) for d in realnode.MACHINE_DIRS if d.exists()},
+    }
 
 
 def processes_naming(text: str) -> list[str]:
@@ -124,7 +131,7 @@ def processes_naming(text: str) -> list[str]:
 def test_real_node_runs_pods_for_real_and_down_leaves_nothing(tmp_path: Path) -> None:
     state_dir = (tmp_path / "tb").resolve()
     layout = realnode.Layout(state_dir)
-    kernel_before, netns_before = sysctls(), netns_entries()
+    before = machine()
 
     started = time.monotonic()
     up = respawn(
@@ -206,7 +213,7 @@ def test_real_node_runs_pods_for_real_and_down_leaves_nothing(tmp_path: Path) ->
         kubectl(kubeconfig, "create", "-f", "-", stdin=json.dumps(pod("runs", "sleep 3600")))
         until_sync("pod runs to be Running", lambda: phase(kubeconfig, "runs"), done=lambda p: p == "Running")
         assert realnode.mounts_below(layout.kubelet_root / "pods"), "no volume of a running pod is mounted"
-        assert netns_entries() - netns_before, "no network namespace of a running pod"
+        assert netns_entries() - before["netns"], "no network namespace of a running pod"
         print(
             f"\nup --real-node until Ready: {up_seconds:.1f} s; "
             f"busybox pod create → Running: {running_seconds:.1f} s"
@@ -214,14 +221,12 @@ def test_real_node_runs_pods_for_real_and_down_leaves_nothing(tmp_path: Path) ->
     finally:
         down = respawn("local", "down", "--state-dir", str(state_dir))
     assert down.returncode == 0, down.stderr
-    assert_nothing_left(state_dir, pids, kernel_before, netns_before)
+    assert_nothing_left(state_dir, pids, before)
 
 
-def assert_nothing_left(
-    state_dir: Path, pids: dict[str, int], kernel_before: dict[str, str], netns_before: set[str]
-) -> None:
-    """After `down`: no process, mount, bridge, cgroup or network namespace of the node, and
-    the kernel settings the kubelet changed are back."""
+def assert_nothing_left(state_dir: Path, pids: dict[str, int], before: dict[str, Any]) -> None:
+    """After `down`: no process, mount, bridge, cgroup, network namespace or log link of the
+    node, no directory it made, and the kernel settings the kubelet changed are back."""
     layout = realnode.Layout(state_dir)
     assert [name for name, pid in pids.items() if pid_alive(pid)] == []
     assert processes_naming(str(state_dir)) == []
@@ -229,13 +234,16 @@ def assert_nothing_left(
     assert not state_dir.exists()
     assert not Path("/sys/class/net", layout.bridge).exists()
     assert [h for h in realnode.cgroup_hierarchies() if (h / layout.cgroup_root.lstrip("/")).exists()] == []
-    assert netns_entries() == netns_before
-    assert sysctls() == kernel_before
+    links = realnode.CONTAINER_LOG_LINKS
+    assert [
+        ln for ln in (links.iterdir() if links.is_dir() else ()) if str(state_dir) in os.readlink(ln)
+    ] == []
+    assert machine() == before
 
 
 def test_real_node_joins_a_running_testbed_and_goes_with_it(tmp_path: Path) -> None:
     state_dir = (tmp_path / "tb").resolve()
-    kernel_before, netns_before = sysctls(), netns_entries()
+    before = machine()
     plain = respawn("local", "up", "--state-dir", str(state_dir), "--nodes", "1", "--no-services", "--json")
     pids: dict[str, int] = (
         json.loads((state_dir / "state.json").read_text())["pids"]
@@ -266,4 +274,4 @@ def test_real_node_joins_a_running_testbed_and_goes_with_it(tmp_path: Path) -> N
     finally:
         down = respawn("local", "down", "--state-dir", str(state_dir))
     assert down.returncode == 0, down.stderr
-    assert_nothing_left(state_dir, pids, kernel_before, netns_before)
+    assert_nothing_left(state_dir, pids, before)
