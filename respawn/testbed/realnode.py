@@ -47,7 +47,6 @@ TAINT = f"{TAINT_KEY}=true:NoSchedule"
 NODE_LABEL = f"{TAINT_KEY}=true"
 # Debian's containernetworking-plugins.
 CNI_BIN_DIR = Path("/usr/lib/cni")
-CGROUP_FS = Path("/sys/fs/cgroup")
 # The kernel settings the kubelet sets at start (its setupKernelTunables), put back at stop.
 KUBELET_SYSCTLS = (
     "vm/overcommit_memory",
@@ -255,7 +254,6 @@ def _record_host(layout: Layout) -> None:
         "bridge": layout.bridge,
         "cgroupRoot": layout.cgroup_root,
         "sysctls": _read_sysctls(),
-        "socket": str(layout.socket),
         "madeDirs": [str(d) for d in MACHINE_DIRS if not d.exists()],
     }
     tmp = layout.host_file.with_suffix(".tmp")
@@ -284,11 +282,14 @@ def _make_bridge(layout: Layout) -> None:
             )
         fix = "check that this machine allows bridges (root, CAP_NET_ADMIN)"
         _run(["ip", "link", "add", "name", layout.bridge, "type", "bridge"], what="ip link add", fix=fix)
-    with contextlib.suppress(TestbedError):  # already there on a restart
+    addresses = _run(
+        ["ip", "-o", "-4", "addr", "show", "dev", layout.bridge], what="ip addr show", fix="check iproute2"
+    )
+    if f" {layout.node_ip}/" not in addresses:  # a bridge left by a node that did not start has it
         _run(
             ["ip", "addr", "add", f"{layout.node_ip}/24", "dev", layout.bridge],
-            what="ip addr add",
-            fix="",
+            what=f"ip addr add {layout.node_ip}/24 dev {layout.bridge}",
+            fix="check that this machine allows it (root, CAP_NET_ADMIN)",
         )
     _run(["ip", "link", "set", layout.bridge, "up"], what="ip link set up", fix="check iproute2")
 
@@ -479,7 +480,7 @@ class RealNode:
                 _run(
                     [*_ctr(self.layout), "images", "import", str(image.archive)],
                     what=f"ctr images import {image.archive}",
-                    fix="see the containerd log",
+                    fix=f"see {self.layout.state_dir / 'logs' / 'containerd.log'}",
                     timeout=300,
                 )
             except (TestbedError, subprocess.TimeoutExpired) as exc:
@@ -494,8 +495,8 @@ class RealNode:
         kubeconfig = layout.dir / "kubelet.kubeconfig"
         kubeconfig.write_text(pki.kubeconfig(p, api_url, "kubelet-client", user=f"system:node:{NODE_NAME}"))
         config = layout.dir / "kubelet.yaml"
-        self.healthz_port = free_port()
-        config.write_text(kubelet_config_text(layout, p, port=free_port(), healthz_port=self.healthz_port))
+        # Free ports, not the usual 10250 and 10248: another kubelet may run on this machine.
+        config.write_text(kubelet_config_text(layout, p, port=free_port(), healthz_port=free_port()))
         self.log(f"starting the kubelet (node {NODE_NAME})")
         bins = binaries.ensure(real_node=True)
         self.kubelet = self.launch(
@@ -519,7 +520,8 @@ class RealNode:
             self._imports.join(timeout)
             if self._imports.is_alive():
                 raise TestbedError(
-                    f"importing the node's images took over {timeout:.0f}s; see the containerd log"
+                    f"importing the node's images took over {timeout:.0f}s; "
+                    f"see {self.layout.state_dir / 'logs' / 'containerd.log'}"
                 )
             if self._import_error:
                 raise TestbedError(self._import_error)
