@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from respawn.cli import explain, status, tail
 from respawn.testbed.errors import TestbedError
 from respawn.testbed.services import MAX_REPLICAS, SERVICES, parse_replicas, replica_table, service_of
+
+if TYPE_CHECKING:
+    from respawn.testbed import cluster
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Respawn: fault tolerance for AppWrappers."
@@ -73,6 +77,14 @@ def local_up(
         "--nats-tls",
         help="NATS requires TLS, with a certificate of the testbed's CA (its path: natsCaFile).",
     ),
+    real_node: bool = typer.Option(
+        False,
+        "--real-node",
+        help=(
+            "Also run a real node (containerd + kubelet, as root) that runs pods for real, beside "
+            "kwok's; tainted respawn.dev/real-node=true:NoSchedule."
+        ),
+    ),
     replicas: str | None = typer.Option(
         None,
         "--replicas",
@@ -89,7 +101,9 @@ def local_up(
     counts = _replicas(replicas, no_services=no_services)
     fixed = {k: v for k, v in {"apiserver": api_port, "nats": nats_port}.items() if v}
     try:
-        state = cluster.up(state_dir, nodes=nodes, log=_say, fixed_ports=fixed, nats_tls=nats_tls)
+        state = cluster.up(
+            state_dir, nodes=nodes, log=_say, fixed_ports=fixed, nats_tls=nats_tls, real_node=real_node
+        )
         started: list[str] = []
         if not no_services:
             started = services.start_all(state, replicas=counts, log=_say)
@@ -106,6 +120,7 @@ def local_up(
         "services": [s for s in SERVICES if any(service_of(name) == s for name in started)],
         "natsCaFile": str(state.nats_ca_file) if state.nats_ca_file else None,
         "replicas": replica_table(state),
+        "realNode": _real_node(state),
     }
     if as_json:
         typer.echo(json.dumps(info))
@@ -117,12 +132,30 @@ def local_up(
             typer.echo(f"export {name}={value}")
 
 
+def _real_node(state: cluster.State) -> dict[str, object] | None:
+    """The real node of a testbed, as `local up --json` and `local status --json` show it."""
+    if state.real_node is None:
+        return None
+    from respawn.testbed import realnode
+
+    return {
+        "name": state.real_node,
+        "ready": realnode.node_ready(state.kubeconfig) is True,
+        "taint": realnode.TAINT,
+        "containerdSocket": str(realnode.Layout(state.state_dir).socket),
+    }
+
+
 @local_app.command("down")
 def local_down(state_dir: Path = StateDir) -> None:
     """Stop everything `up` started (by pid) and remove the state directory."""
     from respawn.testbed import cluster
 
-    found = cluster.down(state_dir, log=_say)
+    try:
+        found = cluster.down(state_dir, log=_say)
+    except TestbedError as exc:
+        _fail(exc)
+        return
     _say("testbed stopped" if found else f"no testbed running in {state_dir}")
 
 
@@ -149,6 +182,7 @@ def local_status(state_dir: Path = StateDir, as_json: bool = typer.Option(False,
                     "running": all(running.values()),
                     "processes": running,
                     "replicas": replica_table(state),
+                    "realNode": _real_node(state),
                 }
             )
         )
@@ -162,7 +196,13 @@ def local_status(state_dir: Path = StateDir, as_json: bool = typer.Option(False,
         port = state.ports.get(f"{name}-probes")
         probes = str(port) if port else ""
         table.add_row(name, str(state.pids[name]), probes, "running" if alive else "stopped")
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    if (node := _real_node(state)) is not None:
+        console.print(
+            f"real node {node['name']}: {'Ready' if node['ready'] else 'not Ready'}, "
+            f"taint {node['taint']}, containerd {node['containerdSocket']}"
+        )
 
 
 @app.command("run")

@@ -30,6 +30,9 @@ COMPONENTS = (
     "kwok",
     "training-operator",
 )
+# What a real node adds (`respawn local up --real-node`): the kubelet, and the CRI client that
+# stops its pods at `down`.
+REAL_NODE_COMPONENTS = ("kubelet", "crictl")
 
 
 def versions() -> dict[str, str]:
@@ -71,9 +74,9 @@ class Binaries:
         return self.dir / component
 
 
-def missing() -> list[str]:
+def missing(components: tuple[str, ...] = COMPONENTS) -> list[str]:
     d = bin_dir()
-    return [c for c in COMPONENTS if not os.access(d / c, os.X_OK)]
+    return [c for c in components if not os.access(d / c, os.X_OK)]
 
 
 def nats_server_path() -> Path:
@@ -88,9 +91,11 @@ def nats_server_path() -> Path:
     return Path(found)
 
 
-def ensure(*, quiet: bool = False) -> Binaries:
-    """Build whatever is missing (idempotent) and return where everything is."""
-    if missing():
+def ensure(*, quiet: bool = False, real_node: bool = False) -> Binaries:
+    """Build whatever is missing (idempotent) and return where everything is; with ``real_node``
+    also what a real node runs (``REAL_NODE_COMPONENTS``)."""
+    components = COMPONENTS + REAL_NODE_COMPONENTS if real_node else COMPONENTS
+    if missing(components):
         if shutil.which("go") is None:
             raise TestbedError(
                 "'go' not found on PATH and the testbed binaries are not built yet; "
@@ -102,10 +107,10 @@ def ensure(*, quiet: bool = False) -> Binaries:
             stderr=sys.stderr,
             check=False,
         )
-        if proc.returncode != 0 or missing():
+        if proc.returncode != 0 or missing(components):
             raise TestbedError(
                 f"building the testbed binaries failed (exit {proc.returncode}, still missing: "
-                f"{', '.join(missing()) or 'none'}); see the build output above, "
+                f"{', '.join(missing(components)) or 'none'}); see the build output above, "
                 "fix it and rerun 'make binaries'"
             )
     return Binaries(dir=bin_dir(), nats_server=nats_server_path(), crds=tuple(crd_files()))

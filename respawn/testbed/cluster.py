@@ -1,10 +1,11 @@
-"""The local testbed: a real, kubelet-less Kubernetes control plane plus NATS JetStream.
+"""The local testbed: a real Kubernetes control plane with kwok's nodes, plus NATS JetStream.
 
 `up` starts etcd, kube-apiserver (TLS + RBAC), kube-controller-manager, kube-scheduler,
 kwok (fake nodes and pod lifecycles following the pod simulation contract), the Kubeflow
 training operator and nats-server (with ``nats_tls``, requiring TLS with a certificate of the
 testbed's CA), each as its own process on 127.0.0.1 with free ports, and returns once all of
-them are ready. `down` stops by pid whatever `up` recorded in
+them are ready; with ``real_node`` also containerd and a kubelet, a node that runs pods for real
+(``respawn.testbed.realnode``). `down` stops by pid whatever `up` recorded in
 ``DIR/state.json`` and removes the state directory.
 """
 
@@ -22,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from respawn.testbed import binaries, pki, ports
+from respawn.testbed import binaries, pki, ports, realnode
 from respawn.testbed.errors import TestbedError
 from respawn.testbed.process import Proc, pid_alive, start, stop_pid, tail, wait_until
 from respawn.waiting import until_sync
@@ -53,6 +54,8 @@ class State:
     nodes: int = 0
     # The CA a client must trust when NATS requires TLS (None: it does not).
     nats_ca_file: Path | None = None
+    # The name of the real node (containerd + kubelet) this testbed runs; None: kwok's nodes only.
+    real_node: str | None = None
 
     def save(self) -> None:
         data = {
@@ -63,6 +66,7 @@ class State:
             "ports": self.ports,
             "nodes": self.nodes,
             "nats_ca_file": str(self.nats_ca_file) if self.nats_ca_file else None,
+            "real_node": self.real_node,
         }
         tmp = self.state_dir / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(data, indent=2))
@@ -84,6 +88,7 @@ class State:
             ports={k: int(v) for k, v in data.get("ports", {}).items()},
             nodes=int(data.get("nodes", 0)),
             nats_ca_file=Path(data["nats_ca_file"]) if data.get("nats_ca_file") else None,
+            real_node=data.get("real_node"),
         )
 
     def nats_tls_env(self) -> dict[str, str]:
@@ -210,14 +215,20 @@ def up(
     fixed_ports: dict[str, int] | None = None,
     start_timeout: float = 120.0,
     nats_tls: bool = False,
+    real_node: bool = False,
 ) -> State:
-    """Start the testbed (idempotent: a running testbed in ``state_dir`` is returned as is).
+    """Start the testbed (idempotent: a running testbed in ``state_dir`` is returned as is, with
+    a real node added if ``real_node`` asks for one and it has none).
 
     With ``nats_tls`` nats-server requires TLS: its certificate (for 127.0.0.1 and localhost) is
     signed by the testbed's CA, which is ``State.nats_ca_file``, and its URL is ``tls://``.
+    With ``real_node`` containerd and a kubelet run a node of this machine's own,
+    ``realnode.NODE_NAME``, tainted ``realnode.TAINT`` (needs root).
     """
     if nodes < 1:
         raise TestbedError(f"--nodes must be at least 1 (got {nodes})")
+    if real_node:
+        realnode.preflight(state_dir)
     state_dir = state_dir.resolve()
     existing = State.load(state_dir)
     if existing is not None:
@@ -231,6 +242,8 @@ def up(
                     f"{'with' if nats_tls else 'without'} --nats-tls"
                 )
             log(f"testbed already running in {state_dir}")
+            if real_node and existing.real_node is None:
+                _add_real_node(existing, log)
             return existing
         log(
             f"stale testbed state in {state_dir} "
@@ -240,7 +253,7 @@ def up(
 
     fixed = dict(fixed_ports or {})
     _check_ports_free(fixed)
-    bins = binaries.ensure()
+    bins = binaries.ensure(real_node=real_node)
     kubectl_binary()  # fail early with a clear message
 
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -254,6 +267,8 @@ def up(
             "kube-controller-manager": ("system:kube-controller-manager", ()),
             "kube-scheduler": ("system:kube-scheduler", ()),
             "kwok": ("respawn-kwok", ("system:masters",)),
+            # The API server's own, toward kubelets (logs, exec): a kubelet authorizes it by group.
+            "apiserver-kubelet-client": ("respawn-apiserver-kubelet-client", ("system:masters",)),
         },
     )
 
@@ -285,15 +300,18 @@ def up(
         state_dir=state_dir, kubeconfig=kubeconfig, nats_url="", api_url=api_url, ports=pp, nodes=nodes
     )
     procs: list[Proc] = []
-
-    def launch(name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Proc:
-        proc = start(name, argv, logs / f"{name}.log", env=env)
-        procs.append(proc)
-        state.pids[name] = proc.pid
-        state.save()  # record every pid at once so `down` can clean up even a half-started testbed
-        return proc
+    launch = _launcher(state, procs)
 
     try:
+        node: realnode.RealNode | None = None
+        if real_node:
+            # Recorded first, so that `down` undoes even a half-started node; containerd and the
+            # images need no API server, so they start while the control plane does.
+            state.real_node = realnode.NODE_NAME
+            state.save()
+            node = realnode.RealNode(state_dir, launch, log)
+            node.prepare()
+
         log("starting etcd")
         etcd = launch(
             "etcd",
@@ -340,6 +358,11 @@ def up(
                 "--max-requests-inflight=2000",
                 "--max-mutating-requests-inflight=1000",
                 "--profiling=false",
+                # Toward a kubelet (a real node's: logs, exec), as the client the kubelet trusts,
+                # at the address the kubelet registered (its node name resolves nowhere).
+                f"--kubelet-client-certificate={p.client('apiserver-kubelet-client')[0]}",
+                f"--kubelet-client-key={p.client('apiserver-kubelet-client')[1]}",
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 "--v=0",
                 *_audit_args(state_dir),
             ],
@@ -348,6 +371,8 @@ def up(
         wait_until(
             apiserver, lambda: _http_ok(f"{api_url}/readyz", admin_ctx), timeout=start_timeout, what="ready"
         )
+        if node is not None:
+            node.start_kubelet(api_url, p)
 
         log("starting kube-controller-manager, kube-scheduler and kwok")
         kcm = launch(
@@ -454,7 +479,7 @@ def up(
         )
 
         def nodes_ready() -> bool:
-            ready, total = node_readiness(kubeconfig)
+            ready, total = node_readiness(kubeconfig, selector=KWOK_NODES)
             return total >= nodes and ready == total
 
         wait_until(kwok, nodes_ready, timeout=60, what="reporting all nodes Ready", interval=0.3)
@@ -475,6 +500,8 @@ def up(
             what="ready",
             interval=0.3,
         )
+        if node is not None:
+            node.wait_ready(kubeconfig)
         for proc in procs:
             if not proc.alive():
                 raise TestbedError(f"{proc.name} exited during start-up; last log lines: {tail(proc.log)}")
@@ -486,18 +513,60 @@ def up(
         raise
 
 
+def _launcher(state: State, procs: list[Proc]) -> Callable[..., Proc]:
+    """``launch(name, argv, env=None)``: start a process of the testbed, its log in ``DIR/logs``."""
+
+    def launch(name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Proc:
+        proc = start(name, argv, state.state_dir / "logs" / f"{name}.log", env=env)
+        procs.append(proc)
+        state.pids[name] = proc.pid
+        state.save()  # record every pid at once so `down` can clean up even a half-started testbed
+        return proc
+
+    return launch
+
+
+def _add_real_node(state: State, log: Log) -> None:
+    """A real node for a testbed that runs without one; stopped again if it does not come up."""
+    procs: list[Proc] = []
+    state.real_node = realnode.NODE_NAME
+    state.save()
+    node = realnode.RealNode(state.state_dir, _launcher(state, procs), log)
+    try:
+        node.prepare()
+        node.start_kubelet(state.api_url, pki.Pki(state.state_dir / "pki"))
+        node.wait_ready(state.kubeconfig)
+    except BaseException:
+        realnode.stop(state.state_dir, state.pids, log)
+        for name in ("kubelet", "containerd"):
+            state.pids.pop(name, None)
+        state.real_node = None
+        state.save()
+        raise
+
+
 def down(state_dir: Path = DEFAULT_STATE_DIR, *, log: Log = _quiet, keep_logs: bool = False) -> bool:
-    """Stop everything recorded in ``state_dir`` and remove the state. True if anything was running."""
+    """Stop everything recorded in ``state_dir`` and remove the state. True if anything was running.
+
+    A real node's mounts that cannot be unmounted keep the state directory in place (removing
+    it would reach through them): that is a ``TestbedError`` naming them, after all else stopped.
+    """
     state_dir = state_dir.resolve()
     state = State.load(state_dir)
-    found = False
+    found = state is not None and any(pid_alive(pid) for pid in state.pids.values())
+    # The real node first: its pods are stopped through containerd, which must still run then.
+    stuck = realnode.stop(state_dir, state.pids if state else {}, log)
     if state is not None:
         # Stop in reverse start order so controllers do not log storms about a vanished apiserver.
         for name, pid in reversed(list(state.pids.items())):
             if pid_alive(pid):
-                found = True
                 log(f"stopping {name} (pid {pid})")
             stop_pid(pid)
+    if stuck:
+        raise TestbedError(
+            f"still mounted under {state_dir} after stopping the real node: {', '.join(stuck)}; "
+            f"unmount them (umount -l PATH) and run 'respawn local down --state-dir {state_dir}' again"
+        )
     if state_dir.exists():
         if keep_logs and (state_dir / "logs").exists():
             for child in state_dir.iterdir():
@@ -512,12 +581,18 @@ def down(state_dir: Path = DEFAULT_STATE_DIR, *, log: Log = _quiet, keep_logs: b
     return found
 
 
-def node_readiness(kubeconfig: Path) -> tuple[int, int]:
-    """(Ready nodes, all nodes) as the API server reports them; (0, 0) while it cannot answer."""
+# kwok's nodes (their label in ``node_manifest``).
+KWOK_NODES = "type=kwok"
+
+
+def node_readiness(kubeconfig: Path, *, selector: str = "") -> tuple[int, int]:
+    """(Ready nodes, all nodes), of those matching the label ``selector`` if given, as the API
+    server reports them; (0, 0) while it cannot answer."""
     out = kubectl(
         kubeconfig,
         "get",
         "nodes",
+        *(["-l", selector] if selector else []),
         "-o",
         'jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\\n"}{end}',
         check=False,

@@ -154,6 +154,26 @@ def generate(directory: Path, *, clients: dict[str, tuple[str, tuple[str, ...]]]
     return pki
 
 
+def _load_ca(pki: Pki) -> tuple[ec.EllipticCurvePrivateKey, x509.Name]:
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{pki.ca_key} is not the EC key this module makes")
+    return ca_key, x509.load_pem_x509_certificate(pki.ca_crt.read_bytes()).subject
+
+
+def client_cert(pki: Pki, stem: str, cn: str, orgs: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """A client certificate for user ``cn`` in groups ``orgs``, signed by the CA of ``pki``,
+    written as ``<stem>.crt`` and ``<stem>.key`` beside it (what ``pki.client(stem)`` names).
+    For a client added to a running testbed, whose CA is on disk already."""
+    ca_key, ca_name = _load_ca(pki)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _sign(_name(cn, orgs), key.public_key(), ca_name, ca_key, ca=False, client=True)
+    crt_path, key_path = pki.client(stem)
+    _write_key(key_path, key)
+    crt_path.write_bytes(_pem(cert))
+    return crt_path, key_path
+
+
 def serving_cert(
     pki: Pki,
     stem: str,
@@ -165,10 +185,7 @@ def serving_cert(
     """A serving certificate for ``dns_names`` and ``ips``, signed by the CA of ``pki``, written
     as ``<stem>.crt`` and ``<stem>.key`` beside it; with ``client`` it may also authenticate as a
     client (NATS routes verify each other both ways). Returns (certificate, key)."""
-    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise TypeError(f"{pki.ca_key} is not the EC key this module makes")
-    ca_name = x509.load_pem_x509_certificate(pki.ca_crt.read_bytes()).subject
+    ca_key, ca_name = _load_ca(pki)
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
     key = ec.generate_private_key(ec.SECP256R1())

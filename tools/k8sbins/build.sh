@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the local testbed's binaries, and a kubelet for running real pods, from the
+# Builds the local testbed's binaries, and a kubelet and crictl for running real pods, from the
 # Go module proxy and caches them outside the repository, keyed by version (a binary
 # added to the list lands in the same directory, so the testbed finds the others).
 # Idempotent: a binary that is already in the cache is not rebuilt. Prints one
@@ -95,6 +95,11 @@ if need training-operator; then
   TMPBIN="$(mktemp -d)"
   GOBIN="$TMPBIN" go install "github.com/kubeflow/training-operator/cmd/training-operator.v1@$TRAINING_OPERATOR_VERSION" || { rm -rf "$TMPBIN"; fail "building training-operator failed; see output above"; }
   mv "$TMPBIN/training-operator.v1" "$OUT/training-operator"; rm -rf "$TMPBIN"
+fi
+
+if need crictl; then
+  log "building crictl $CRICTL_VERSION"
+  GOBIN="$OUT" go install "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION" || fail "building crictl failed; see output above"
 fi
 
 log "all binaries ready in $OUT"
