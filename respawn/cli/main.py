@@ -146,6 +146,64 @@ def _real_node(state: cluster.State) -> dict[str, object] | None:
     }
 
 
+@local_app.command("deploy")
+def local_deploy(
+    state_dir: Path = StateDir,
+    timeout: float = typer.Option(300, "--timeout", min=10, help="Seconds to wait for every pod Ready."),
+    as_json: bool = typer.Option(False, "--json", help="Print the images and timings as JSON."),
+) -> None:
+    """Deploy Respawn from deploy/overlays/testbed onto the testbed's real node, as pods of its
+    own image; returns once every pod is Ready. Needs `local up --real-node` (and, to avoid two
+    controllers, `--no-services`)."""
+    from respawn.testbed import cluster, incluster
+
+    state = cluster.State.load(state_dir.resolve())
+    if state is None:
+        _fail(
+            TestbedError(
+                f"no testbed running in {state_dir}; run 'respawn local up --real-node --no-services'"
+            )
+        )
+        return
+    try:
+        rollout = incluster.deploy(state, log=_say, timeout=timeout)
+    except TestbedError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "version": CLI_OUTPUT_VERSION,
+                    "namespace": incluster.NAMESPACE,
+                    "images": {
+                        k: {"name": v.name, "digest": v.digest} for k, v in sorted(rollout.images.items())
+                    },
+                    "importSeconds": round(rollout.import_seconds, 2),
+                    "readySeconds": round(rollout.ready_seconds, 2),
+                }
+            )
+        )
+    else:
+        seconds = rollout.ready_seconds
+        _say(f"Respawn Ready in namespace {incluster.NAMESPACE} ({seconds:.1f}s after the image import)")
+
+
+@local_app.command("undeploy")
+def local_undeploy(state_dir: Path = StateDir) -> None:
+    """Remove what `local deploy` applied; the AppWrapper CRD and users' AppWrappers stay."""
+    from respawn.testbed import cluster, incluster
+
+    state = cluster.State.load(state_dir.resolve())
+    if state is None:
+        _fail(TestbedError(f"no testbed running in {state_dir}"))
+        return
+    try:
+        incluster.undeploy(state, log=_say)
+    except TestbedError as exc:
+        _fail(exc)
+
+
 @local_app.command("down")
 def local_down(state_dir: Path = StateDir) -> None:
     """Stop everything `up` started (by pid) and remove the state directory."""

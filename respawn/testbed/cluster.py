@@ -363,6 +363,9 @@ def up(
                 f"--kubelet-client-certificate={p.client('apiserver-kubelet-client')[0]}",
                 f"--kubelet-client-key={p.client('apiserver-kubelet-client')[1]}",
                 "--kubelet-preferred-address-types=InternalIP,Hostname",
+                # To a webhook (Respawn's, deployed on a real node) at its Service's endpoints,
+                # not at its cluster IP: without kube-proxy nothing routes a cluster IP.
+                "--enable-aggregator-routing=true",
                 "--v=0",
                 *_audit_args(state_dir),
             ],

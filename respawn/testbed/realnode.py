@@ -548,6 +548,28 @@ class RealNode:
         self.log(f"node {NODE_NAME} Ready")
 
 
+def import_archives(state_dir: Path, archives: Sequence[Path], *, timeout: float = 300) -> None:
+    """Import docker-archives into the running node's containerd, where its kubelet finds them."""
+    layout = Layout(state_dir.resolve())
+    for archive in archives:
+        _run(
+            [*_ctr(layout), "images", "import", str(archive)],
+            what=f"ctr images import {archive}",
+            fix=f"see {layout.state_dir / 'logs' / 'containerd.log'}",
+            timeout=timeout,
+        )
+
+
+def tag_image(state_dir: Path, source: str, target: str) -> None:
+    """Give an imported image a second name (a new tag without a registry: a rollout to it)."""
+    layout = Layout(state_dir.resolve())
+    _run(
+        [*_ctr(layout), "images", "tag", "--force", source, target],
+        what=f"ctr images tag {source} {target}",
+        fix=f"see {layout.state_dir / 'logs' / 'containerd.log'}",
+    )
+
+
 def _socket_answers(path: Path) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(1)

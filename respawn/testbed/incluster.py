@@ -1,0 +1,373 @@
+"""Respawn deployed from ``deploy/`` onto the testbed's real node: ``respawn local deploy``.
+
+The services, the webhook and NATS run as pods of their own image, made by
+``tools/images/build.sh`` and imported into the node's containerd (no registry), from the
+overlay ``deploy/overlays/testbed``: the local overlay plus what the node's missing networking
+requires (its kustomization says what and why). This module adds what only a running testbed
+knows:
+
+- the ConfigMap ``respawn-testbed``: the API server's address for the pods
+  (KUBERNETES_SERVICE_HOST/PORT; the port is chosen at ``local up``);
+- a PersistentVolume on the node's disk for the NATS server's claim (the testbed has no
+  storage provisioner);
+- until the webhook manages its own certificate, its serving certificate from the testbed's CA
+  and the CA in both webhook configurations; and the NATS users' passwords, if absent.
+
+Then it applies everything server-side and returns once every Deployment and the StatefulSet
+are rolled out and Ready: a service is Ready only once its consumers are bound (its /readyz).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from respawn import natsauth
+from respawn.testbed import binaries, pki, realnode
+from respawn.testbed.cluster import State, kubectl, kubectl_binary
+from respawn.testbed.errors import TestbedError
+
+Log = Callable[[str], None]
+
+OVERLAY: Final = binaries.REPO_ROOT / "deploy" / "overlays" / "testbed"
+NAMESPACE: Final = "respawn-system"
+ENDPOINTS_CONFIGMAP: Final = "respawn-testbed"
+WEBHOOK_SECRET: Final = "respawn-webhook-cert"
+WEBHOOK_SERVICE: Final = "respawn-webhook"
+WEBHOOK_CONFIGURATION: Final = "respawn-appwrapper"
+NATS_STATEFULSET: Final = "respawn-nats"
+# The claim of the StatefulSet's first (in the testbed: only) server, volumeClaimTemplate "data".
+NATS_CLAIM: Final = f"data-{NATS_STATEFULSET}-0"
+NATS_VOLUME: Final = "respawn-testbed-nats-0"
+# The NATS pods' user (deploy/nats/statefulset.yaml): the volume's directory belongs to it, since
+# fsGroup does not apply to a local volume.
+NATS_UID: Final = 1000
+DEPLOYMENTS: Final = (
+    "respawn-watcher",
+    "respawn-health",
+    "respawn-lifecycle",
+    "respawn-autopilot",
+    "respawn-webhook",
+)
+# The images Respawn's pods run, as tools/images/build.sh names them on its output.
+RESPAWN_IMAGE: Final = "respawn"
+NATS_IMAGE: Final = "respawn-nats"
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    """One line of tools/images/build.sh's output: ``NAME sha256:DIGEST SIZE MB cached|built ARCHIVE``."""
+
+    name: str
+    digest: str
+    archive: Path
+
+
+def parse_build_output(text: str) -> dict[str, BuiltImage]:
+    """The images on build.sh's stdout, by short name (``respawn``, ``respawn-nats``, ...)."""
+    images: dict[str, BuiltImage] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) != 6 or not fields[1].startswith("sha256:"):
+            continue
+        name = fields[0]
+        short = name.rsplit("/", 1)[-1].split(":", 1)[0]
+        images[short] = BuiltImage(name=name, digest=fields[1], archive=Path(fields[5]))
+    return images
+
+
+def build_images(log: Log = _quiet) -> dict[str, BuiltImage]:
+    """The current images (built by tools/images/build.sh if the sources changed)."""
+    log("building the images if needed (tools/images/build.sh)")
+    proc = subprocess.run(
+        ["bash", str(realnode.IMAGES_SCRIPT)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "VENV": str(binaries.nats_server_path().parent.parent)},
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise TestbedError(
+            f"tools/images/build.sh failed (exit {proc.returncode}): "
+            f"{realnode.tail_text(proc.stderr)}; fix it and run 'make images'"
+        )
+    images = parse_build_output(proc.stdout)
+    missing = [want for want in (RESPAWN_IMAGE, NATS_IMAGE) if want not in images]
+    if missing:
+        raise TestbedError(f"tools/images/build.sh printed no {', '.join(missing)} image: {proc.stdout!r}")
+    return images
+
+
+def render(state: State) -> list[dict[str, Any]]:
+    """The testbed overlay, as ``kubectl kustomize`` builds it."""
+    proc = subprocess.run(
+        [kubectl_binary(), "kustomize", str(OVERLAY)], capture_output=True, text=True, timeout=60, check=False
+    )
+    if proc.returncode != 0:
+        raise TestbedError(f"kubectl kustomize {OVERLAY} failed: {proc.stderr.strip()}")
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+def api_endpoint(api_url: str) -> tuple[str, str]:
+    """(host, port) of the API server's URL, as a pod on the node's network reaches it."""
+    hostport = api_url.removeprefix("https://").rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise TestbedError(f"cannot read host and port from the API server URL {api_url!r}")
+    return host, port
+
+
+def endpoints_configmap(api_url: str) -> dict[str, Any]:
+    host, port = api_endpoint(api_url)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": ENDPOINTS_CONFIGMAP, "namespace": NAMESPACE},
+        "data": {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port},
+    }
+
+
+def nats_volume(path: Path, capacity: str) -> dict[str, Any]:
+    """A local PersistentVolume on the real node, reserved for the NATS server's claim."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": NATS_VOLUME, "labels": {"app.kubernetes.io/part-of": "respawn-testbed"}},
+        "spec": {
+            "capacity": {"storage": capacity},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "volumeMode": "Filesystem",
+            "claimRef": {"namespace": NAMESPACE, "name": NATS_CLAIM},
+            "local": {"path": str(path)},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": "kubernetes.io/hostname",
+                                    "operator": "In",
+                                    "values": [realnode.NODE_NAME],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            },
+        },
+    }
+
+
+def _claim_size(docs: Iterable[dict[str, Any]]) -> str:
+    for doc in docs:
+        if doc.get("kind") == "StatefulSet" and doc["metadata"]["name"] == NATS_STATEFULSET:
+            for template in doc["spec"].get("volumeClaimTemplates", []):
+                if template["metadata"]["name"] == "data":
+                    return str(template["spec"]["resources"]["requests"]["storage"])
+    raise TestbedError(f"the testbed overlay has no StatefulSet {NATS_STATEFULSET} with a 'data' claim")
+
+
+def _exists(kubeconfig: Path, kind: str, name: str) -> bool:
+    proc = kubectl(kubeconfig, "get", kind, name, "-n", NAMESPACE, "-o", "name", check=False)
+    return proc.returncode == 0
+
+
+def _webhook_cert(state: State, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The webhook's serving certificate from the testbed's CA (a Secret, made once) and that CA
+    in both configurations' caBundle."""
+    p = pki.Pki(state.state_dir / "pki")
+    extra: list[dict[str, Any]] = []
+    if not _exists(state.kubeconfig, "secret", WEBHOOK_SECRET):
+        dns = (f"{WEBHOOK_SERVICE}.{NAMESPACE}.svc", f"{WEBHOOK_SERVICE}.{NAMESPACE}.svc.cluster.local")
+        crt, key = pki.serving_cert(p, "respawn-webhook", dns_names=dns, ips=())
+        extra.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "kubernetes.io/tls",
+                "metadata": {"name": WEBHOOK_SECRET, "namespace": NAMESPACE},
+                "data": {
+                    "tls.crt": base64.b64encode(crt.read_bytes()).decode(),
+                    "tls.key": base64.b64encode(key.read_bytes()).decode(),
+                },
+            }
+        )
+    ca_bundle = base64.b64encode(p.ca_crt.read_bytes()).decode()
+    for doc in docs:
+        if doc.get("kind") in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            for hook in doc.get("webhooks", []):
+                hook["clientConfig"]["caBundle"] = ca_bundle
+    return extra
+
+
+def _nats_users(state: State) -> list[dict[str, Any]]:
+    if _exists(state.kubeconfig, "secret", natsauth.SECRET_NAME):
+        return []
+    users = (*natsauth.SERVICES, natsauth.SUBSCRIBER)
+    secret: dict[str, Any] = json.loads(
+        natsauth.render_secret({u: natsauth.generate_password() for u in users}, namespace=NAMESPACE)
+    )
+    return [secret]
+
+
+def manifests(state: State) -> list[dict[str, Any]]:
+    """Everything ``deploy`` applies: the overlay and what this testbed adds to it."""
+    docs = render(state)
+    volume_dir = state.state_dir / "node" / "volumes" / "nats-0"
+    volume_dir.mkdir(parents=True, exist_ok=True)
+    os.chown(volume_dir, NATS_UID, NATS_UID)
+    extra = [endpoints_configmap(state.api_url), nats_volume(volume_dir, _claim_size(docs))]
+    extra += _webhook_cert(state, docs)
+    extra += _nats_users(state)
+    # The namespace first, so that the objects in it can be created in the same apply.
+    namespaces = [d for d in docs if d.get("kind") == "Namespace"]
+    return namespaces + extra + [d for d in docs if d.get("kind") != "Namespace"]
+
+
+def apply(kubeconfig: Path, docs: Iterable[dict[str, Any]]) -> None:
+    text = "".join("---\n" + yaml.safe_dump(d, sort_keys=False) for d in docs)
+    kubectl(
+        kubeconfig,
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=respawn-testbed",
+        "-f",
+        "-",
+        stdin=text,
+        timeout=120,
+    )
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """What ``deploy`` did: the images it imported and how long it took until all was Ready."""
+
+    images: dict[str, BuiltImage]
+    import_seconds: float
+    ready_seconds: float
+
+
+def deploy(state: State, *, log: Log = _quiet, timeout: float = 300) -> Rollout:
+    """Deploy Respawn onto the testbed's real node; returns once every pod is Ready."""
+    if state.real_node is None:
+        raise TestbedError(
+            "this testbed has no real node to run Respawn's pods; "
+            f"run 'respawn local up --real-node --state-dir {state.state_dir}' first"
+        )
+    images = build_images(log)
+    started = time.monotonic()
+    log("importing the respawn and NATS images into the node's containerd")
+    realnode.import_archives(state.state_dir, [images[RESPAWN_IMAGE].archive, images[NATS_IMAGE].archive])
+    imported = time.monotonic()
+    log(f"applying {OVERLAY.relative_to(binaries.REPO_ROOT)}")
+    apply(state.kubeconfig, manifests(state))
+    wait_ready(state.kubeconfig, timeout=timeout, log=log)
+    done = time.monotonic()
+    return Rollout(images=images, import_seconds=imported - started, ready_seconds=done - imported)
+
+
+def _workload(kubeconfig: Path, kind: str, name: str) -> dict[str, Any] | None:
+    proc = kubectl(kubeconfig, "get", kind, name, "-n", NAMESPACE, "-o", "json", check=False)
+    if proc.returncode != 0:
+        return None
+    obj: dict[str, Any] = json.loads(proc.stdout)
+    return obj
+
+
+def rolled_out(obj: dict[str, Any] | None) -> bool:
+    """A Deployment or StatefulSet whose current spec runs on every replica, all Ready."""
+    if obj is None:
+        return False
+    spec, status = obj.get("spec", {}), obj.get("status", {})
+    want = int(spec.get("replicas", 1))
+    if int(status.get("observedGeneration", 0)) < int(obj["metadata"].get("generation", 0)):
+        return False
+    if obj["kind"] == "StatefulSet":
+        updated = status.get("updatedReplicas", 0) == want and status.get("currentRevision") == status.get(
+            "updateRevision"
+        )
+    else:
+        updated = status.get("updatedReplicas", 0) == want and status.get("replicas", 0) == want
+    return bool(updated and status.get("readyReplicas", 0) == want)
+
+
+def not_ready(kubeconfig: Path) -> list[str]:
+    """The Deployments and StatefulSet not rolled out yet, by kind/name."""
+    waiting = (
+        []
+        if rolled_out(_workload(kubeconfig, "statefulset", NATS_STATEFULSET))
+        else [f"statefulset/{NATS_STATEFULSET}"]
+    )
+    waiting += [
+        f"deployment/{d}" for d in DEPLOYMENTS if not rolled_out(_workload(kubeconfig, "deployment", d))
+    ]
+    return waiting
+
+
+def pod_report(kubeconfig: Path) -> str:
+    """Each pod's phase, readiness and its containers' waiting or terminated reasons."""
+    proc = kubectl(kubeconfig, "get", "pods", "-n", NAMESPACE, "-o", "json", check=False)
+    if proc.returncode != 0:
+        return proc.stderr.strip()
+    lines = []
+    for pod in json.loads(proc.stdout).get("items", []):
+        status = pod.get("status", {})
+        ready = {c["type"]: c["status"] for c in status.get("conditions", [])}.get("Ready", "?")
+        reasons = []
+        for cs in status.get("containerStatuses", []):
+            for state_name in ("waiting", "terminated"):
+                detail = cs.get("state", {}).get(state_name)
+                if detail:
+                    why = f"{detail.get('reason', '')} {detail.get('message', '')}".strip()
+                    reasons.append(f"{cs['name']} {state_name}: {why}")
+        lines.append(
+            f"{pod['metadata']['name']} {status.get('phase')} Ready={ready} {'; '.join(reasons)}".strip()
+        )
+    return " | ".join(lines) or "no pods"
+
+
+def wait_ready(kubeconfig: Path, *, timeout: float = 300, log: Log = _quiet) -> None:
+    deadline = time.monotonic() + timeout
+    waiting = not_ready(kubeconfig)
+    while waiting:
+        if time.monotonic() > deadline:
+            raise TestbedError(
+                f"Respawn's pods not Ready within {timeout:.0f}s ({', '.join(waiting)}): "
+                f"{pod_report(kubeconfig)}"
+            )
+        time.sleep(1)
+        waiting = not_ready(kubeconfig)
+    log("Respawn runs on the real node: every service, the webhook and NATS Ready")
+
+
+def undeploy(state: State, *, log: Log = _quiet, timeout: float = 120) -> None:
+    """Remove what ``deploy`` applied (the CRD and users' AppWrappers stay)."""
+    log(f"deleting namespace {NAMESPACE} and Respawn's cluster-wide objects")
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        kubectl(state.kubeconfig, "delete", kind, WEBHOOK_CONFIGURATION, "--ignore-not-found", check=False)
+    kubectl(
+        state.kubeconfig,
+        "delete",
+        "namespace",
+        NAMESPACE,
+        "--ignore-not-found",
+        f"--timeout={int(timeout)}s",
+        timeout=timeout + 10,
+    )
+    kubectl(state.kubeconfig, "delete", "pv", NATS_VOLUME, "--ignore-not-found", check=False)
