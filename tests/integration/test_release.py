@@ -25,6 +25,7 @@ import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -370,6 +371,31 @@ def test_install_apply_again_and_uninstall_keep_the_appwrappers(
         for user, password in users.items():
             natsauth.validate_password(user, password.decode())
         assert "forbidden" not in proc.log.read_text().lower(), proc.log.read_text()
+
+        # --- its patch right covers caBundle and nothing else (the policy of the Component).
+        as_webhook = tmp_path / "webhook" / "kubeconfig"
+
+        def patch(kubeconfig: Path, ops: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
+            args = ("patch", "mutatingwebhookconfiguration", CONFIGURATION, "--type=json", "--dry-run=server")
+            return kubectl(kubeconfig, *args, "-p", json.dumps(ops), check=False)
+
+        widen = [{"op": "add", "path": "/webhooks/0/rules/0/resources/-", "value": "secrets"}]
+        refused = until_sync(
+            "the webhook's own patches to be limited to caBundle",
+            lambda: patch(as_webhook, widen),
+            done=lambda p: p.returncode != 0,
+            within=30,
+            every=0.3,
+        )
+        assert "respawn-webhook may change only the caBundle of its webhook configurations" in refused.stderr
+        fail_open = [{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"}]
+        assert "may change only the caBundle" in patch(as_webhook, fail_open).stderr
+        another = certs.issue(None, certs.Need.CA, ("x.example",), datetime.now(UTC))[certs.CA_CERT]
+        replaced = {"op": "replace", "path": "/webhooks/0/clientConfig/caBundle"}
+        other_ca = [{**replaced, "value": base64.b64encode(another).decode()}]
+        assert patch(as_webhook, other_ca).returncode == 0
+        # Only the webhook is held to it.
+        assert patch(testbed.kubeconfig, widen).returncode == 0
 
         # --- again: nothing to change, nothing changed, the webhook's caBundle kept.
         diff = run(testbed, "diff", "--server-side", "--field-manager=kubectl", "-f", str(install))
