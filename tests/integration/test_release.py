@@ -11,8 +11,9 @@ uninstalled on a real API server.
   creates every object; the webhook configurations fail closed while no webhook answers; the
   webhook process, run with the Deployment's own arguments as the webhook's ServiceAccount,
   creates both Secrets and sets caBundle with the shipped RBAC, and its token may change nothing
-  of the configurations but caBundle; applying again changes nothing and keeps caBundle; the documented uninstall removes everything but the CRD and its admission
-  policy, and the AppWrappers stay, one held by Respawn's finalizer until it is removed by hand.
+  of the configurations but caBundle; applying again changes nothing and keeps caBundle; the
+  documented uninstall removes everything but the CRD and its admission policy, and the
+  AppWrappers stay, one held by Respawn's finalizer until it is removed by hand.
 """
 
 from __future__ import annotations
