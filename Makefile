@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration binaries images venv down clean
+.PHONY: demo test lint unit integration binaries images release venv down clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=python3.x'"; exit 1; }
@@ -23,6 +23,10 @@ binaries:
 # Container images without Docker or a registry (docs/deploy.md).
 images: venv
 	@VENV=$(VENV) tools/images/build.sh
+
+# dist/install.yaml (deploy/release) and the two image archives it names (docs/deploy.md).
+release: venv
+	@VENV=$(VENV) $(BIN)/python -m respawn.release
 
 lint: venv
 	$(BIN)/ruff check shared services respawn tests bench

@@ -62,8 +62,6 @@ import base64
 import json
 import os
 import re
-import secrets
-import string
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -72,6 +70,8 @@ from typing import Any
 from shared import subjects
 from shared.bus import StreamSpec, default_streams
 from shared.bus.membership import MEMBERS_BUCKET
+from shared.natsusers import PASSWORD_PATTERN as _PASSWORD
+from shared.natsusers import SECRET_NAME, SERVICES, SUBSCRIBER, generate_password
 
 __all__ = [
     "ACCOUNT",
@@ -108,9 +108,6 @@ __all__ = [
 ]
 
 ACCOUNT = "RESPAWN"
-SERVICES = ("watcher", "health", "lifecycle", "autopilot")
-SUBSCRIBER = "subscriber"
-SECRET_NAME = "respawn-nats-users"
 SERVICE_INBOX_PREFIX = "_INBOX"
 PUBLIC_STREAMS = (subjects.VERDICTS_STREAM, subjects.LIFECYCLE_STREAM)
 ALL_STREAMS = (
@@ -150,9 +147,6 @@ READER_JETSTREAM = {"max_file": "2G", "max_mem": "64M", "max_streams": 2, "max_c
 
 _API = "$JS.API"
 _USER_NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
-# nats-server parses a variable's value as a configuration value, so "12k" would become the
-# number 12288 and "true" a boolean. A leading letter and no separators keep it a plain string.
-_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{23,}$")
 
 
 # ------------------------------------------------------------------ subjects
@@ -602,11 +596,6 @@ def validate_password(user: str, password: str) -> str:
             "starting with a letter (nats-server would read other values as numbers or booleans)"
         )
     return password
-
-
-def generate_password() -> str:
-    """A random password that nats-server reads back as the same string (~200 bits)."""
-    return secrets.choice(string.ascii_letters) + secrets.token_urlsafe(32)
 
 
 def render_secret(passwords: Mapping[str, str], *, namespace: str, name: str = SECRET_NAME) -> str:

@@ -11,7 +11,8 @@ message saying why, and a mutating one is let through unpatched (validation and 
 schema still apply to it).
 
 The serving certificate is re-read when its files change, so a rotated Secret (cert-manager
-or by hand) takes effect without a restart.
+or by hand) takes effect without a restart. With ``--self-managed-cert`` the webhook makes and
+renews the certificate itself, and sets the configurations' caBundle (``selfmanaged.py``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from services.webhook.admission import (
     subject_access_review,
     validate,
 )
+from services.webhook.selfmanaged import SelfManaged, SelfManagedOptions
+from shared import natsusers
 from shared.kube import Kube, KubeApiError
 from shared.kube.client import split_api_version
 
@@ -58,6 +61,11 @@ HEALTH_PATH: Final = "/healthz"
 SAR_PATH: Final = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 DEFAULT_PORT: Final = 9443
 DEFAULT_CERT_DIR: Final = Path("/etc/respawn-webhook/certs")
+DEFAULT_CERT_SECRET: Final = "respawn-webhook-cert"
+DEFAULT_SERVICE: Final = "respawn-webhook"
+DEFAULT_CONFIGURATION: Final = "respawn-appwrapper"
+# Where a pod's service account token puts the pod's namespace.
+SERVICE_ACCOUNT_NAMESPACE: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 # An AppWrapper may be as large as etcd allows (about 1.5 MiB) and an UPDATE review carries
 # two copies of it.
 _MAX_REVIEW_BYTES: Final = 8 * 1024 * 1024
@@ -235,6 +243,24 @@ class Options:
     cert_file: Path
     key_file: Path
     config: Path | None
+    # None: the certificate files are made by someone else (a mounted Secret).
+    self_managed: SelfManagedOptions | None = None
+
+
+def _flag(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("", "0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+def _pod_namespace() -> str:
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    except OSError:
+        return ""
 
 
 def parse_options(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Options:
@@ -269,8 +295,75 @@ def parse_options(argv: Sequence[str] | None = None, env: dict[str, str] | None 
         help="PEM private key of the serving certificate",
     )
     parser.add_argument("--config", type=Path, default=None, help="operator configuration file")
+    managed = parser.add_argument_group(
+        "self-managed certificate",
+        "the webhook makes and renews its own serving certificate (docs/webhooks.md)",
+    )
+    managed.add_argument(
+        "--self-managed-cert",
+        nargs="?",
+        const=True,
+        type=_flag,
+        # A string default goes through `type`, so a bad variable is a usage error, not a trace.
+        default=environ.get("RESPAWN_WEBHOOK_SELF_MANAGED_CERT", "false"),
+        help="keep a CA and serving certificate in --cert-secret, write them to --cert-file and "
+        "--key-file, and set the caBundle of the --configuration webhook configurations",
+    )
+    managed.add_argument(
+        "--namespace",
+        default=environ.get("RESPAWN_WEBHOOK_NAMESPACE") or _pod_namespace(),
+        help="namespace of the Secrets and the Service (default: the pod's)",
+    )
+    managed.add_argument(
+        "--cert-secret",
+        default=environ.get("RESPAWN_WEBHOOK_CERT_SECRET", DEFAULT_CERT_SECRET),
+        help=f"Secret that keeps the CA and the serving certificate (default {DEFAULT_CERT_SECRET})",
+    )
+    managed.add_argument(
+        "--service-name",
+        default=environ.get("RESPAWN_WEBHOOK_SERVICE_NAME", DEFAULT_SERVICE),
+        help="Service the API server calls; the certificate names <service>.<namespace>.svc "
+        f"(default {DEFAULT_SERVICE})",
+    )
+    managed.add_argument(
+        "--cert-host",
+        action="append",
+        default=None,
+        help="another DNS name or IP address for the certificate (repeatable)",
+    )
+    managed.add_argument(
+        "--configuration",
+        default=environ.get("RESPAWN_WEBHOOK_CONFIGURATION", DEFAULT_CONFIGURATION),
+        help="name of the mutating and of the validating webhook configuration "
+        f"(default {DEFAULT_CONFIGURATION})",
+    )
+    managed.add_argument(
+        "--nats-users-secret",
+        default=environ.get("RESPAWN_WEBHOOK_NATS_USERS_SECRET", ""),
+        help=f"create this Secret with a random password per NATS user if it does not exist (usually "
+        f"{natsusers.SECRET_NAME}; default: none)",
+    )
     args = parser.parse_args(argv)
-    return Options(args.host, args.port, args.cert_file, args.key_file, args.config)
+    self_managed = None
+    if args.self_managed_cert:
+        if not args.namespace:
+            parser.error("--self-managed-cert needs --namespace (or RESPAWN_WEBHOOK_NAMESPACE) outside a pod")
+        hosts = args.cert_host
+        if hosts is None:
+            hosts = [h.strip() for h in environ.get("RESPAWN_WEBHOOK_CERT_HOSTS", "").split(",")]
+        self_managed = SelfManagedOptions(
+            namespace=args.namespace,
+            cert_secret=args.cert_secret,
+            service=args.service_name,
+            configuration=args.configuration,
+            extra_hosts=tuple(h for h in hosts if h),
+            nats_users_secret=args.nats_users_secret,
+            cert_file=args.cert_file,
+            key_file=args.key_file,
+        )
+    elif args.nats_users_secret:
+        parser.error("--nats-users-secret is part of the self-managed mode: add --self-managed-cert")
+    return Options(args.host, args.port, args.cert_file, args.key_file, args.config, self_managed)
 
 
 async def serve(options: Options) -> int:
@@ -282,11 +375,6 @@ async def serve(options: Options) -> int:
         log.error("invalid configuration: %s", exc)
         return 2
     try:
-        cert = ServingCert(options.cert_file, options.key_file)
-    except (OSError, ssl.SSLError) as exc:
-        log.error("cannot load the serving certificate %s / %s: %s", options.cert_file, options.key_file, exc)
-        return 2
-    try:
         kube = await Kube.connect(config.kubeconfig)
     except Exception as exc:
         log.error("cannot configure Kubernetes access: %s", exc)
@@ -295,6 +383,26 @@ async def serve(options: Options) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    try:
+        return await _serve(options, config, kube, stopping)
+    finally:
+        await kube.close()
+
+
+async def _serve(options: Options, config: Any, kube: Kube, stopping: asyncio.Event) -> int:
+    managed = SelfManaged(kube, options.self_managed) if options.self_managed else None
+    if managed is not None:
+        try:
+            if not await managed.start(stopping):
+                return 0
+        except OSError as exc:
+            log.error("cannot write the serving certificate to %s: %s", options.cert_file, exc)
+            return 2
+    try:
+        cert = ServingCert(options.cert_file, options.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        log.error("cannot load the serving certificate %s / %s: %s", options.cert_file, options.key_file, exc)
+        return 2
     limits = TemplateLimits(
         max_depth=config.admission.max_template_depth, max_bytes=config.admission.max_template_bytes
     )
@@ -310,18 +418,21 @@ async def serve(options: Options) -> int:
             return 2
         log.info(
             "webhook serving on https://%s:%d (default queue %r, templates at most %d levels deep "
-            "and %d bytes)",
+            "and %d bytes%s)",
             options.host,
             options.port,
             config.default_queue_name,
             limits.max_depth,
             limits.max_bytes,
+            ", self-managed certificate" if managed else "",
         )
-        await cert.watch(stopping)
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(cert.watch(stopping))
+            if managed is not None:
+                tasks.create_task(managed.run(stopping))
     finally:
         log.info("webhook shutting down")
         await runner.cleanup()
-        await kube.close()
     return 0
 
 

