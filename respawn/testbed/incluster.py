@@ -9,9 +9,9 @@ knows:
 - the ConfigMap ``respawn-testbed``: the API server's address for the pods
   (KUBERNETES_SERVICE_HOST/PORT; the port is chosen at ``local up``);
 - a PersistentVolume on the node's disk for the NATS server's claim (the testbed has no
-  storage provisioner);
-- until the webhook manages its own certificate, its serving certificate from the testbed's CA
-  and the CA in both webhook configurations; and the NATS users' passwords, if absent.
+  storage provisioner).
+
+The webhook makes its own serving certificate and the NATS users' passwords, as in the release.
 
 Then it applies everything server-side and returns once every Deployment and the StatefulSet
 are rolled out and Ready: a service is Ready only once its consumers are bound (its /readyz).
@@ -19,7 +19,6 @@ are rolled out and Ready: a service is Ready only once its consumers are bound (
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
@@ -31,8 +30,7 @@ from typing import Any, Final
 
 import yaml
 
-from respawn import natsauth
-from respawn.testbed import binaries, pki, realnode
+from respawn.testbed import binaries, realnode
 from respawn.testbed.cluster import State, kubectl, kubectl_binary
 from respawn.testbed.errors import TestbedError
 
@@ -41,8 +39,6 @@ Log = Callable[[str], None]
 OVERLAY: Final = binaries.REPO_ROOT / "deploy" / "overlays" / "testbed"
 NAMESPACE: Final = "respawn-system"
 ENDPOINTS_CONFIGMAP: Final = "respawn-testbed"
-WEBHOOK_SECRET: Final = "respawn-webhook-cert"
-WEBHOOK_SERVICE: Final = "respawn-webhook"
 WEBHOOK_CONFIGURATION: Final = "respawn-appwrapper"
 NATS_STATEFULSET: Final = "respawn-nats"
 # The claim of the StatefulSet's first (in the testbed: only) server, volumeClaimTemplate "data".
@@ -182,49 +178,6 @@ def _claim_size(docs: Iterable[dict[str, Any]]) -> str:
     raise TestbedError(f"the testbed overlay has no StatefulSet {NATS_STATEFULSET} with a 'data' claim")
 
 
-def _exists(kubeconfig: Path, kind: str, name: str) -> bool:
-    proc = kubectl(kubeconfig, "get", kind, name, "-n", NAMESPACE, "-o", "name", check=False)
-    return proc.returncode == 0
-
-
-def _webhook_cert(state: State, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The webhook's serving certificate from the testbed's CA (a Secret, made once) and that CA
-    in both configurations' caBundle."""
-    p = pki.Pki(state.state_dir / "pki")
-    extra: list[dict[str, Any]] = []
-    if not _exists(state.kubeconfig, "secret", WEBHOOK_SECRET):
-        dns = (f"{WEBHOOK_SERVICE}.{NAMESPACE}.svc", f"{WEBHOOK_SERVICE}.{NAMESPACE}.svc.cluster.local")
-        crt, key = pki.serving_cert(p, "respawn-webhook", dns_names=dns, ips=())
-        extra.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "type": "kubernetes.io/tls",
-                "metadata": {"name": WEBHOOK_SECRET, "namespace": NAMESPACE},
-                "data": {
-                    "tls.crt": base64.b64encode(crt.read_bytes()).decode(),
-                    "tls.key": base64.b64encode(key.read_bytes()).decode(),
-                },
-            }
-        )
-    ca_bundle = base64.b64encode(p.ca_crt.read_bytes()).decode()
-    for doc in docs:
-        if doc.get("kind") in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-            for hook in doc.get("webhooks", []):
-                hook["clientConfig"]["caBundle"] = ca_bundle
-    return extra
-
-
-def _nats_users(state: State) -> list[dict[str, Any]]:
-    if _exists(state.kubeconfig, "secret", natsauth.SECRET_NAME):
-        return []
-    users = (*natsauth.SERVICES, natsauth.SUBSCRIBER)
-    secret: dict[str, Any] = json.loads(
-        natsauth.render_secret({u: natsauth.generate_password() for u in users}, namespace=NAMESPACE)
-    )
-    return [secret]
-
-
 def manifests(state: State) -> list[dict[str, Any]]:
     """Everything ``deploy`` applies: the overlay and what this testbed adds to it."""
     docs = render(state)
@@ -232,8 +185,6 @@ def manifests(state: State) -> list[dict[str, Any]]:
     volume_dir.mkdir(parents=True, exist_ok=True)
     os.chown(volume_dir, NATS_UID, NATS_UID)
     extra = [endpoints_configmap(state.api_url), nats_volume(volume_dir, _claim_size(docs))]
-    extra += _webhook_cert(state, docs)
-    extra += _nats_users(state)
     # The namespace first, so that the objects in it can be created in the same apply.
     namespaces = [d for d in docs if d.get("kind") == "Namespace"]
     return namespaces + extra + [d for d in docs if d.get("kind") != "Namespace"]
