@@ -1,0 +1,109 @@
+"""The pure parts of `respawn local deploy`: build.sh's output, the API server's address for
+pods, the NATS volume, and when a Deployment or StatefulSet counts as rolled out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from respawn.testbed import incluster, realnode
+from respawn.testbed.errors import TestbedError
+
+BUILD_OUTPUT = """\
+docker.io/library/respawn-python:3.11  sha256:aaa  102 MB  cached  /c/images/respawn-python-3.11-x/image.tar
+docker.io/library/respawn:0.1.0  sha256:bbb  217 MB  built  /c/images/respawn-0.1.0-y/image.tar
+docker.io/library/respawn-nats:2.15.1  sha256:ccc  18 MB  cached  /c/images/respawn-nats-2.15.1-z/image.tar
+registry.k8s.io/pause:3.10  sha256:ddd  1.4 MB  cached  /c/images/pause-3.10-w/image.tar
+"""
+
+
+def test_build_output_gives_each_image_by_its_short_name() -> None:
+    images = incluster.parse_build_output(BUILD_OUTPUT)
+    assert images["respawn"] == incluster.BuiltImage(
+        "docker.io/library/respawn:0.1.0", "sha256:bbb", Path("/c/images/respawn-0.1.0-y/image.tar")
+    )
+    assert images["respawn-nats"].digest == "sha256:ccc"
+    assert images["pause"].name == "registry.k8s.io/pause:3.10"
+
+
+def test_build_output_ignores_lines_that_are_not_images() -> None:
+    assert incluster.parse_build_output("building...\nall done\n\n") == {}
+
+
+def test_the_api_servers_address_is_split_into_host_and_port() -> None:
+    assert incluster.api_endpoint("https://127.0.0.1:6443") == ("127.0.0.1", "6443")
+    configmap = incluster.endpoints_configmap("https://127.0.0.1:41234/")
+    assert configmap["metadata"] == {"name": "respawn-testbed", "namespace": "respawn-system"}
+    assert configmap["data"] == {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "41234"}
+
+
+@pytest.mark.parametrize("url", ["https://127.0.0.1", "127.0.0.1:x", ""])
+def test_an_api_server_url_without_a_port_is_an_error(url: str) -> None:
+    with pytest.raises(TestbedError, match="cannot read host and port"):
+        incluster.api_endpoint(url)
+
+
+def test_the_nats_volume_is_reserved_for_the_first_servers_claim_on_the_real_node() -> None:
+    volume = incluster.nats_volume(Path("/s/node/volumes/nats-0"), "10Gi")
+    spec = volume["spec"]
+    assert spec["claimRef"] == {"namespace": "respawn-system", "name": "data-respawn-nats-0"}
+    assert spec["capacity"] == {"storage": "10Gi"}
+    assert spec["local"] == {"path": "/s/node/volumes/nats-0"}
+    # No class: a claim without one binds to it on a cluster without a default StorageClass.
+    assert spec["storageClassName"] == ""
+    (term,) = spec["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    assert term["matchExpressions"][0]["values"] == [realnode.NODE_NAME]
+
+
+def deployment(*, generation: int = 2, observed: int = 2, **status: int) -> dict[str, Any]:
+    return {
+        "kind": "Deployment",
+        "metadata": {"generation": generation},
+        "spec": {"replicas": 1},
+        "status": {"observedGeneration": observed, **status},
+    }
+
+
+def test_a_deployment_is_rolled_out_when_every_replica_runs_the_current_spec_ready() -> None:
+    assert incluster.rolled_out(deployment(updatedReplicas=1, replicas=1, readyReplicas=1))
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        None,
+        # Its controller has not seen the latest spec yet.
+        deployment(observed=1, updatedReplicas=1, replicas=1, readyReplicas=1),
+        # The old pod still runs beside the new one.
+        deployment(updatedReplicas=1, replicas=2, readyReplicas=1),
+        # Running the new spec, not Ready yet.
+        deployment(updatedReplicas=1, replicas=1, readyReplicas=0),
+        # Ready, but the old spec.
+        deployment(updatedReplicas=0, replicas=1, readyReplicas=1),
+    ],
+)
+def test_a_deployment_is_not_rolled_out_before_that(obj: dict[str, Any] | None) -> None:
+    assert not incluster.rolled_out(obj)
+
+
+def statefulset(current: str, update: str, ready: int) -> dict[str, Any]:
+    return {
+        "kind": "StatefulSet",
+        "metadata": {"generation": 1},
+        "spec": {"replicas": 1},
+        "status": {
+            "observedGeneration": 1,
+            "updatedReplicas": 1,
+            "readyReplicas": ready,
+            "currentRevision": current,
+            "updateRevision": update,
+        },
+    }
+
+
+def test_a_statefulset_is_rolled_out_once_its_current_revision_is_the_update_revision() -> None:
+    assert incluster.rolled_out(statefulset("r2", "r2", 1))
+    assert not incluster.rolled_out(statefulset("r1", "r2", 1))
+    assert not incluster.rolled_out(statefulset("r2", "r2", 0))
