@@ -1037,3 +1037,32 @@ async def test_services_with_their_own_accounts_turn_node_labels_into_node_verdi
 
     await until(f"the node verdict to clear {node}", cleared, within=30)
     assert stack.refusals() == []
+
+
+def test_the_testbed_overlay_changes_networking_and_placement_and_keeps_the_hardening(
+    built: dict[str, list[dict[str, Any]]],
+) -> None:
+    """deploy/overlays/testbed (`respawn local deploy`): every pod on the real node's network,
+    no two containers on one host port, and every container as hardened as in the local overlay."""
+    testbed, local = pod_specs(build("overlays/testbed")), pod_specs(built["overlays/local"])
+    assert set(testbed) == set(local)
+    ports: list[int] = []
+    for name, spec in testbed.items():
+        assert spec["hostNetwork"] is True, name
+        assert spec["nodeSelector"] == {"respawn.dev/real-node": "true"}, name
+        assert {
+            "key": "respawn.dev/real-node",
+            "operator": "Equal",
+            "value": "true",
+            "effect": "NoSchedule",
+        } in spec["tolerations"], name
+        assert spec["securityContext"] == local[name]["securityContext"], name
+        for container, before in zip(spec["containers"], local[name]["containers"], strict=True):
+            assert container["securityContext"] == before["securityContext"], name
+            ports += [p["containerPort"] for p in container.get("ports", [])]
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            if "RESPAWN_PROBE_PORT" in env:
+                assert int(env["RESPAWN_PROBE_PORT"]) in [p["containerPort"] for p in container["ports"]], (
+                    name
+                )
+    assert len(ports) == len(set(ports)), f"two containers on one host port: {sorted(ports)}"
