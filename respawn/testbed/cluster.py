@@ -366,6 +366,9 @@ def up(
                 # To a webhook (Respawn's, deployed on a real node) at its Service's endpoints,
                 # not at its cluster IP: without kube-proxy nothing routes a cluster IP.
                 "--enable-aggregator-routing=true",
+                # A namespace may send its pods to a node and give them tolerations (annotations
+                # read by these two plugins): the real node takes Respawn's namespace so.
+                "--enable-admission-plugins=PodNodeSelector,PodTolerationRestriction",
                 "--v=0",
                 *_audit_args(state_dir),
             ],

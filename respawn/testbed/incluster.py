@@ -8,8 +8,8 @@ knows:
 
 - the ConfigMap ``respawn-testbed``: the API server's address for the pods
   (KUBERNETES_SERVICE_HOST/PORT; the port is chosen at ``local up``);
-- a PersistentVolume on the node's disk for the NATS server's claim (the testbed has no
-  storage provisioner).
+(The NATS servers' volumes and the namespace's placement on the node come with the real node:
+``realnode.cluster_manifests``.)
 
 The webhook makes its own serving certificate and the NATS users' passwords, as in the release.
 
@@ -20,7 +20,7 @@ are rolled out and Ready: a service is Ready only once its consumers are bound (
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterable
@@ -33,6 +33,7 @@ import yaml
 from respawn.testbed import binaries, realnode
 from respawn.testbed.cluster import State, kubectl, kubectl_binary
 from respawn.testbed.errors import TestbedError
+from respawn.testbed.realnode import BuiltImage, build_images
 
 Log = Callable[[str], None]
 
@@ -41,12 +42,6 @@ NAMESPACE: Final = "respawn-system"
 ENDPOINTS_CONFIGMAP: Final = "respawn-testbed"
 WEBHOOK_CONFIGURATION: Final = "respawn-appwrapper"
 NATS_STATEFULSET: Final = "respawn-nats"
-# The claim of the StatefulSet's first (in the testbed: only) server, volumeClaimTemplate "data".
-NATS_CLAIM: Final = f"data-{NATS_STATEFULSET}-0"
-NATS_VOLUME: Final = "respawn-testbed-nats-0"
-# The NATS pods' user (deploy/nats/statefulset.yaml): the volume's directory belongs to it, since
-# fsGroup does not apply to a local volume.
-NATS_UID: Final = 1000
 DEPLOYMENTS: Final = (
     "respawn-watcher",
     "respawn-health",
@@ -61,50 +56,6 @@ NATS_IMAGE: Final = "respawn-nats"
 
 def _quiet(_: str) -> None:
     pass
-
-
-@dataclass(frozen=True)
-class BuiltImage:
-    """One line of tools/images/build.sh's output: ``NAME sha256:DIGEST SIZE MB cached|built ARCHIVE``."""
-
-    name: str
-    digest: str
-    archive: Path
-
-
-def parse_build_output(text: str) -> dict[str, BuiltImage]:
-    """The images on build.sh's stdout, by short name (``respawn``, ``respawn-nats``, ...)."""
-    images: dict[str, BuiltImage] = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) != 6 or not fields[1].startswith("sha256:"):
-            continue
-        name = fields[0]
-        short = name.rsplit("/", 1)[-1].split(":", 1)[0]
-        images[short] = BuiltImage(name=name, digest=fields[1], archive=Path(fields[5]))
-    return images
-
-
-def build_images(log: Log = _quiet) -> dict[str, BuiltImage]:
-    """The current images (built by tools/images/build.sh if the sources changed)."""
-    log("building the images if needed (tools/images/build.sh)")
-    proc = subprocess.run(
-        ["bash", str(realnode.IMAGES_SCRIPT)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "VENV": str(binaries.nats_server_path().parent.parent)},
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise TestbedError(
-            f"tools/images/build.sh failed (exit {proc.returncode}): "
-            f"{realnode.tail_text(proc.stderr)}; fix it and run 'make images'"
-        )
-    images = parse_build_output(proc.stdout)
-    missing = [want for want in (RESPAWN_IMAGE, NATS_IMAGE) if want not in images]
-    if missing:
-        raise TestbedError(f"tools/images/build.sh printed no {', '.join(missing)} image: {proc.stdout!r}")
-    return images
 
 
 def render(state: State) -> list[dict[str, Any]]:
@@ -136,58 +87,14 @@ def endpoints_configmap(api_url: str) -> dict[str, Any]:
     }
 
 
-def nats_volume(path: Path, capacity: str) -> dict[str, Any]:
-    """A local PersistentVolume on the real node, reserved for the NATS server's claim."""
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": NATS_VOLUME, "labels": {"app.kubernetes.io/part-of": "respawn-testbed"}},
-        "spec": {
-            "capacity": {"storage": capacity},
-            "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "volumeMode": "Filesystem",
-            "claimRef": {"namespace": NAMESPACE, "name": NATS_CLAIM},
-            "local": {"path": str(path)},
-            "nodeAffinity": {
-                "required": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {
-                                    "key": "kubernetes.io/hostname",
-                                    "operator": "In",
-                                    "values": [realnode.NODE_NAME],
-                                }
-                            ]
-                        }
-                    ]
-                }
-            },
-        },
-    }
-
-
-def _claim_size(docs: Iterable[dict[str, Any]]) -> str:
-    for doc in docs:
-        if doc.get("kind") == "StatefulSet" and doc["metadata"]["name"] == NATS_STATEFULSET:
-            for template in doc["spec"].get("volumeClaimTemplates", []):
-                if template["metadata"]["name"] == "data":
-                    return str(template["spec"]["resources"]["requests"]["storage"])
-    raise TestbedError(f"the testbed overlay has no StatefulSet {NATS_STATEFULSET} with a 'data' claim")
-
-
 def manifests(state: State) -> list[dict[str, Any]]:
     """Everything ``deploy`` applies: the overlay and what this testbed adds to it."""
     docs = render(state)
-    volume_dir = state.state_dir / "node" / "volumes" / "nats-0"
-    volume_dir.mkdir(parents=True, exist_ok=True)
-    os.chown(volume_dir, NATS_UID, NATS_UID)
-    extra = [endpoints_configmap(state.api_url), nats_volume(volume_dir, _claim_size(docs))]
     # The namespace first, so that the objects in it can be created in the same apply.
     namespaces = [d for d in docs if d.get("kind") == "Namespace"]
-    return namespaces + extra + [d for d in docs if d.get("kind") != "Namespace"]
+    return (
+        namespaces + [endpoints_configmap(state.api_url)] + [d for d in docs if d.get("kind") != "Namespace"]
+    )
 
 
 def apply(kubeconfig: Path, docs: Iterable[dict[str, Any]]) -> None:
@@ -321,4 +228,10 @@ def undeploy(state: State, *, log: Log = _quiet, timeout: float = 120) -> None:
         f"--timeout={int(timeout)}s",
         timeout=timeout + 10,
     )
-    kubectl(state.kubeconfig, "delete", "pv", NATS_VOLUME, "--ignore-not-found", check=False)
+    # The NATS volumes are released with their claims: made again, empty, with the namespace's
+    # placement annotations, as `local up --real-node` left them.
+    volumes = [f"respawn-testbed-nats-{i}" for i in range(len(realnode.NATS_CLAIMS))]
+    kubectl(state.kubeconfig, "delete", "pv", *volumes, "--ignore-not-found", check=False)
+    layout = realnode.Layout(state.state_dir)
+    shutil.rmtree(layout.volumes, ignore_errors=True)
+    realnode.provide(layout, state.kubeconfig)

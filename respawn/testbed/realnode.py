@@ -29,6 +29,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,15 @@ TAINT = f"{TAINT_KEY}=true:NoSchedule"
 NODE_LABEL = f"{TAINT_KEY}=true"
 # Debian's containernetworking-plugins.
 CNI_BIN_DIR = Path("/usr/lib/cni")
+DNS_DOMAIN = "cluster.local"
+# The `kubernetes` Service's cluster IP (the first of the API server's --service-cluster-ip-range),
+# which the kubelet gives every pod as KUBERNETES_SERVICE_HOST.
+KUBERNETES_SERVICE_IP = "10.0.0.1"
+# Respawn's namespace: its pods go to this node (PodNodeSelector, PodTolerationRestriction).
+RESPAWN_NAMESPACE = "respawn-system"
+# The claims of the NATS StatefulSet's servers (volumeClaimTemplate "data", three servers).
+NATS_CLAIMS = tuple(f"data-respawn-nats-{i}" for i in range(3))
+NATS_UID = 1000
 # The kernel settings the kubelet sets at start (its setupKernelTunables), put back at stop.
 KUBELET_SYSCTLS = (
     "vm/overcommit_memory",
@@ -71,7 +81,9 @@ MACHINE_DIRS = (
 CONTAINER_LOG_LINKS = MACHINE_DIRS[0]
 # The images a node needs itself (the pod sandbox) and the one its first workloads run;
 # directories of tools/images/build.sh's cache, each with image.tar and name.
-NODE_IMAGES = ("pause", "busybox")
+# The pause image, busybox for workloads, and Respawn's and NATS's images, so that Respawn's
+# manifests (dist/install.yaml, `respawn local deploy`) run on the node without a registry.
+NODE_IMAGES = ("pause", "busybox", "respawn", "respawn-nats")
 IMAGES_SCRIPT = binaries.REPO_ROOT / "tools" / "images" / "build.sh"
 # The longest path of a unix socket (sun_path less its terminating NUL).
 _MAX_SOCKET_PATH = 107
@@ -107,6 +119,15 @@ class Layout:
     @property
     def node_ip(self) -> str:
         return f"{self.subnet_prefix}.1"
+
+    @property
+    def chain(self) -> str:
+        # An iptables chain of this node's own (at most 28 characters).
+        return f"RSP-{self.ident}"
+
+    @property
+    def volumes(self) -> Path:
+        return self.dir / "volumes"
 
     @property
     def cgroup_root(self) -> str:
@@ -182,47 +203,54 @@ def tail_text(text: str, lines: int = 3) -> str:
 
 
 @dataclass(frozen=True)
-class Image:
+class BuiltImage:
+    """One line of tools/images/build.sh's output: ``NAME sha256:DIGEST SIZE MB cached|built ARCHIVE``."""
+
     name: str
+    digest: str
     archive: Path
 
 
-def cached_images(cache: Path) -> dict[str, Image]:
-    found: dict[str, Image] = {}
-    for want in NODE_IMAGES:
-        # An entry is <image>-<version>-<key>/ (docs/deploy.md, "Cache"): with its name and archive.
-        for entry in sorted(cache.glob(f"{want}-*")):
-            name_file, archive = entry / "name", entry / "image.tar"
-            if name_file.is_file() and archive.is_file():
-                found[want] = Image(name_file.read_text().strip(), archive)
-    return found
+def parse_build_output(text: str) -> dict[str, BuiltImage]:
+    """The images on build.sh's stdout, by short name (``respawn``, ``respawn-nats``, ...)."""
+    images: dict[str, BuiltImage] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) != 6 or not fields[1].startswith("sha256:"):
+            continue
+        name = fields[0]
+        short = name.rsplit("/", 1)[-1].split(":", 1)[0]
+        images[short] = BuiltImage(name=name, digest=fields[1], archive=Path(fields[5]))
+    return images
 
 
-def node_images(log: Log) -> list[Image]:
-    """The pause and busybox archives from tools/images/build.sh's cache, built first if missing."""
-    cache = binaries.cache_root() / "images"
-    found = cached_images(cache)
-    if len(found) < len(NODE_IMAGES):
-        log("building the container images (tools/images/build.sh: minutes on first use)")
-        proc = subprocess.run(
-            ["bash", str(IMAGES_SCRIPT)],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "VENV": str(binaries.nats_server_path().parent.parent)},
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise TestbedError(
-                f"tools/images/build.sh failed (exit {proc.returncode}): {tail_text(proc.stderr)}; "
-                "fix it and run 'make images'"
-            )
-        found = cached_images(cache)
-    missing = [want for want in NODE_IMAGES if want not in found]
-    if missing:
+def build_images(log: Log = _say_nothing) -> dict[str, BuiltImage]:
+    """The current images, by short name: tools/images/build.sh builds what is missing or whose
+    sources changed (seconds when all is cached) and names every one."""
+    log("building the images if needed (tools/images/build.sh)")
+    proc = subprocess.run(
+        ["bash", str(IMAGES_SCRIPT)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "VENV": str(binaries.nats_server_path().parent.parent)},
+        check=False,
+    )
+    if proc.returncode != 0:
         raise TestbedError(
-            f"no {', '.join(missing)} image in {cache} after tools/images/build.sh; run 'make images'"
+            f"tools/images/build.sh failed (exit {proc.returncode}): {tail_text(proc.stderr)}; "
+            "fix it and run 'make images'"
         )
-    return [found[want] for want in NODE_IMAGES]
+    images = parse_build_output(proc.stdout)
+    missing = [want for want in NODE_IMAGES if want not in images]
+    if missing:
+        raise TestbedError(f"tools/images/build.sh printed no {', '.join(missing)} image: {proc.stdout!r}")
+    return images
+
+
+def node_images(log: Log) -> list[BuiltImage]:
+    """The images the node imports: what the kubelet needs, busybox, and Respawn's own two."""
+    images = build_images(log)
+    return [images[want] for want in NODE_IMAGES]
 
 
 # ------------------------------------------------------------------ the machine's side
@@ -252,6 +280,7 @@ def _record_host(layout: Layout) -> None:
     layout.dir.mkdir(parents=True, exist_ok=True)
     record = {
         "bridge": layout.bridge,
+        "iptablesChain": layout.chain,
         "cgroupRoot": layout.cgroup_root,
         "sysctls": _read_sysctls(),
         "madeDirs": [str(d) for d in MACHINE_DIRS if not d.exists()],
@@ -292,6 +321,98 @@ def _make_bridge(layout: Layout) -> None:
             fix="check that this machine allows it (root, CAP_NET_ADMIN)",
         )
     _run(["ip", "link", "set", layout.bridge, "up"], what="ip link set up", fix="check iproute2")
+
+
+def _iptables(*args: str, check: bool = True) -> bool:
+    proc = subprocess.run(
+        ["iptables", "-w", "5", "-t", "nat", *args], capture_output=True, text=True, check=False
+    )
+    if check and proc.returncode != 0:
+        raise TestbedError(
+            f"iptables -t nat {' '.join(args)} failed: {tail_text(proc.stderr)}; "
+            "check that this machine allows iptables (root, CAP_NET_ADMIN)"
+        )
+    return proc.returncode == 0
+
+
+def route_api(layout: Layout, api_port: int) -> None:
+    """Pods reach the API server at the `kubernetes` Service's address, as in a cluster: one DNAT
+    rule, in a chain of this node's own, from that address (port 443) to the API server on
+    127.0.0.1 for packets coming from the node's bridge. Loopback is a legal destination for those
+    packets only with ``route_localnet`` on the bridge (a setting that goes with the bridge)."""
+    chain = layout.chain
+    if not _iptables("-L", chain, "-n", check=False):
+        _iptables("-N", chain)
+    _iptables("-F", chain)
+    _iptables(
+        "-A", chain, "-d", f"{KUBERNETES_SERVICE_IP}/32", "-p", "tcp", "--dport", "443",
+        "-j", "DNAT", "--to-destination", f"127.0.0.1:{api_port}",
+    )  # fmt: skip
+    jump = ("PREROUTING", "-i", layout.bridge, "-j", chain)
+    if not _iptables("-C", *jump, check=False):
+        _iptables("-A", *jump)
+    Path(f"/proc/sys/net/ipv4/conf/{layout.bridge}/route_localnet").write_text("1")
+
+
+def _unroute_api(chain: str, bridge: str) -> None:
+    while _iptables("-D", "PREROUTING", "-i", bridge, "-j", chain, check=False):
+        pass
+    if _iptables("-F", chain, check=False):
+        _iptables("-X", chain, check=False)
+
+
+def cluster_manifests(layout: Layout) -> list[dict[str, object]]:
+    """What the node provides to Respawn's manifests as a cluster would: its namespace, whose
+    pods the API server sends to this node, and a volume for each NATS server's claim."""
+    toleration = [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+    docs: list[dict[str, object]] = [
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": RESPAWN_NAMESPACE,
+                "annotations": {
+                    # Read by the API server's PodNodeSelector and PodTolerationRestriction
+                    # admission plugins, on every pod created in the namespace.
+                    "scheduler.alpha.kubernetes.io/node-selector": NODE_LABEL,
+                    "scheduler.alpha.kubernetes.io/defaultTolerations": json.dumps(toleration),
+                },
+            },
+        }
+    ]
+    for i, claim in enumerate(NATS_CLAIMS):
+        docs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": f"respawn-testbed-nats-{i}"},
+                "spec": {
+                    "capacity": {"storage": "10Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "",
+                    "volumeMode": "Filesystem",
+                    "claimRef": {"namespace": RESPAWN_NAMESPACE, "name": claim},
+                    "local": {"path": str(layout.volumes / f"nats-{i}")},
+                    "nodeAffinity": {
+                        "required": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {
+                                            "key": "kubernetes.io/hostname",
+                                            "operator": "In",
+                                            "values": [NODE_NAME],
+                                        }
+                                    ]
+                                }
+                            ]
+                        }
+                    },
+                },
+            }
+        )
+    return docs
 
 
 def cgroup_hierarchies() -> list[Path]:
@@ -429,6 +550,9 @@ evictionHard:
   nodefs.inodesFree: "0%"
   imagefs.available: "0%"
   imagefs.inodesFree: "0%"
+# The testbed's cluster DNS (respawn.testbed.clusterdns) answers on the node's address.
+clusterDNS: [{layout.node_ip}]
+clusterDomain: {DNS_DOMAIN}
 registerWithTaints:
 - {{key: {TAINT_KEY}, value: "true", effect: NoSchedule}}
 # Ready within seconds of the runtime being ready, instead of the default 10 s.
@@ -448,6 +572,7 @@ class RealNode:
         self.log = log
         self.containerd: Proc | None = None
         self.kubelet: Proc | None = None
+        self.dns: Proc | None = None
         self._imports: threading.Thread | None = None
         self._import_error: str | None = None
 
@@ -474,7 +599,7 @@ class RealNode:
         self._imports = threading.Thread(target=self._import, args=(images,), daemon=True)
         self._imports.start()
 
-    def _import(self, images: list[Image]) -> None:
+    def _import(self, images: list[BuiltImage]) -> None:
         for image in images:
             try:
                 _run(
@@ -512,6 +637,18 @@ class RealNode:
                 "--v=0",
             ],
         )
+        # The cluster network Respawn's manifests expect: the `kubernetes` Service's address
+        # and cluster DNS (respawn.testbed.clusterdns), both answered on this machine.
+        route_api(layout, int(api_url.rstrip("/").rsplit(":", 1)[1]))
+        admin_crt, admin_key = p.client("admin")
+        self.dns = self.launch(
+            "cluster-dns",
+            [
+                sys.executable, "-m", "respawn.testbed.clusterdns", "--address", layout.node_ip,
+                "--api-url", api_url, "--ca", str(p.ca_crt),
+                "--cert", str(admin_crt), "--key", str(admin_key),
+            ],
+        )  # fmt: skip
 
     def wait_ready(self, kubeconfig: Path, *, timeout: float = 120) -> None:
         """Until the images are imported and the node is Ready and takes pods; a dead kubelet or
@@ -546,6 +683,22 @@ class RealNode:
             interval=0.2,
         )
         self.log(f"node {NODE_NAME} Ready")
+        self.provide(kubeconfig)
+
+    def provide(self, kubeconfig: Path) -> None:
+        provide(self.layout, kubeconfig)
+
+
+def provide(layout: Layout, kubeconfig: Path) -> None:
+    """Respawn's namespace (its pods sent to this node) and the NATS servers' volumes."""
+    for i in range(len(NATS_CLAIMS)):
+        volume = layout.volumes / f"nats-{i}"
+        volume.mkdir(parents=True, exist_ok=True)
+        os.chown(volume, NATS_UID, NATS_UID)
+    text = "".join("---\n" + json.dumps(d) + "\n" for d in cluster_manifests(layout))
+    from respawn.testbed.cluster import kubectl  # the cluster module imports this one
+
+    kubectl(kubeconfig, "apply", "--server-side", "--field-manager=respawn-testbed", "-f", "-", stdin=text)
 
 
 def import_archives(state_dir: Path, archives: Sequence[Path], *, timeout: float = 300) -> None:
@@ -635,6 +788,8 @@ def stop(state_dir: Path, pids: dict[str, int], log: Log = _say_nothing) -> list
     left = unmount_below(state_dir.resolve())
     _remove_cgroups(host["cgroupRoot"] if host else layout.cgroup_root)
     bridge = host["bridge"] if host else layout.bridge
+    if shutil.which("iptables") is not None:
+        _unroute_api(host.get("iptablesChain", layout.chain) if host else layout.chain, bridge)
     if _link_exists(bridge):
         subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
     _remove_log_links(state_dir.resolve())

@@ -1,8 +1,9 @@
 """The pure parts of `respawn local deploy`: build.sh's output, the API server's address for
-pods, the NATS volume, and when a Deployment or StatefulSet counts as rolled out."""
+pods, what the real node provides, and when a Deployment or StatefulSet counts as rolled out."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,8 @@ registry.k8s.io/pause:3.10  sha256:ddd  1.4 MB  cached  /c/images/pause-3.10-w/i
 
 
 def test_build_output_gives_each_image_by_its_short_name() -> None:
-    images = incluster.parse_build_output(BUILD_OUTPUT)
-    assert images["respawn"] == incluster.BuiltImage(
+    images = realnode.parse_build_output(BUILD_OUTPUT)
+    assert images["respawn"] == realnode.BuiltImage(
         "docker.io/library/respawn:0.1.0", "sha256:bbb", Path("/c/images/respawn-0.1.0-y/image.tar")
     )
     assert images["respawn-nats"].digest == "sha256:ccc"
@@ -29,7 +30,7 @@ def test_build_output_gives_each_image_by_its_short_name() -> None:
 
 
 def test_build_output_ignores_lines_that_are_not_images() -> None:
-    assert incluster.parse_build_output("building...\nall done\n\n") == {}
+    assert realnode.parse_build_output("building...\nall done\n\n") == {}
 
 
 def test_the_api_servers_address_is_split_into_host_and_port() -> None:
@@ -45,16 +46,25 @@ def test_an_api_server_url_without_a_port_is_an_error(url: str) -> None:
         incluster.api_endpoint(url)
 
 
-def test_the_nats_volume_is_reserved_for_the_first_servers_claim_on_the_real_node() -> None:
-    volume = incluster.nats_volume(Path("/s/node/volumes/nats-0"), "10Gi")
-    spec = volume["spec"]
-    assert spec["claimRef"] == {"namespace": "respawn-system", "name": "data-respawn-nats-0"}
-    assert spec["capacity"] == {"storage": "10Gi"}
-    assert spec["local"] == {"path": "/s/node/volumes/nats-0"}
-    # No class: a claim without one binds to it on a cluster without a default StorageClass.
-    assert spec["storageClassName"] == ""
-    (term,) = spec["nodeAffinity"]["required"]["nodeSelectorTerms"]
-    assert term["matchExpressions"][0]["values"] == [realnode.NODE_NAME]
+def test_the_real_node_provides_respawns_namespace_placement_and_a_volume_per_nats_server() -> None:
+    layout = realnode.Layout(Path("/s"))
+    docs = realnode.cluster_manifests(layout)
+    (namespace,) = [d for d in docs if d["kind"] == "Namespace"]
+    annotations = namespace["metadata"]["annotations"]  # type: ignore[index]
+    assert annotations["scheduler.alpha.kubernetes.io/node-selector"] == "respawn.dev/real-node=true"
+    assert json.loads(annotations["scheduler.alpha.kubernetes.io/defaultTolerations"]) == [
+        {"key": "respawn.dev/real-node", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    volumes = [d for d in docs if d["kind"] == "PersistentVolume"]
+    claims = [v["spec"]["claimRef"] for v in volumes]  # type: ignore[index]
+    assert claims == [{"namespace": "respawn-system", "name": f"data-respawn-nats-{i}"} for i in range(3)]
+    for i, volume in enumerate(volumes):
+        spec: Any = volume["spec"]
+        assert spec["local"] == {"path": f"/s/node/volumes/nats-{i}"}
+        # No class: a claim without one binds to it on a cluster without a default StorageClass.
+        assert spec["storageClassName"] == ""
+        (term,) = spec["nodeAffinity"]["required"]["nodeSelectorTerms"]
+        assert term["matchExpressions"][0]["values"] == [realnode.NODE_NAME]
 
 
 def deployment(*, generation: int = 2, observed: int = 2, **status: int) -> dict[str, Any]:

@@ -81,18 +81,6 @@ def test_the_kubelet_registers_tainted_on_cgroupfs_and_keeps_its_files_in_the_st
     assert all(config["evictionHard"][s] == "0%" for s in ("nodefs.available", "imagefs.available"))
 
 
-def test_the_node_images_come_from_complete_cache_entries(tmp_path: Path) -> None:
-    for slug, name in (("pause-3.10-aaaa", PAUSE), ("busybox-1.36-bbbb", "docker.io/library/busybox:1.36")):
-        entry = tmp_path / slug
-        entry.mkdir()
-        (entry / "name").write_text(name + "\n")
-        (entry / "image.tar").write_bytes(b"")
-    (tmp_path / "busybox-1.36-cccc").mkdir()  # a build that did not finish: no archive
-    found = realnode.cached_images(tmp_path)
-    assert found["pause"] == realnode.Image(PAUSE, tmp_path / "pause-3.10-aaaa" / "image.tar")
-    assert found["busybox"].archive == tmp_path / "busybox-1.36-bbbb" / "image.tar"
-
-
 def test_mount_points_are_read_as_the_kernel_escapes_them() -> None:
     assert realnode.unescape_mount_path("/tmp/with\\040space") == "/tmp/with space"
     assert realnode.unescape_mount_path("/plain") == "/plain"
