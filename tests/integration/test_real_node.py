@@ -234,7 +234,9 @@ def assert_nothing_left(state_dir: Path, pids: dict[str, int], before: dict[str,
     assert realnode.mounts_below(state_dir) == []
     assert not state_dir.exists()
     assert not Path("/sys/class/net", layout.bridge).exists()
-    nat = subprocess.run(["iptables", "-w", "5", "-t", "nat", "-S"], capture_output=True, text=True, check=True)
+    nat = subprocess.run(
+        ["iptables", "-w", "5", "-t", "nat", "-S"], capture_output=True, text=True, check=True
+    )
     assert layout.chain not in nat.stdout, "the node's iptables chain or its jump is left"
     assert [h for h in realnode.cgroup_hierarchies() if (h / layout.cgroup_root.lstrip("/")).exists()] == []
     links = realnode.CONTAINER_LOG_LINKS
