@@ -544,7 +544,7 @@ def _add_real_node(state: State, log: Log) -> None:
         node.wait_ready(state.kubeconfig)
     except BaseException:
         realnode.stop(state.state_dir, state.pids, log)
-        for name in ("kubelet", "containerd"):
+        for name in ("kubelet", "containerd", "cluster-dns"):
             state.pids.pop(name, None)
         state.real_node = None
         state.save()

@@ -2,19 +2,12 @@
 
 The services, the webhook and NATS run as pods of their own image, made by
 ``tools/images/build.sh`` and imported into the node's containerd (no registry), from the
-overlay ``deploy/overlays/testbed``: the local overlay plus what the node's missing networking
-requires (its kustomization says what and why). This module adds what only a running testbed
-knows:
+overlay ``deploy/overlays/testbed``: the local overlay (one of each), the webhook managing its
+own certificate as in the release, and the NATS image built here. The real node gives them what
+a cluster would (``realnode.cluster_manifests``, ``respawn.testbed.clusterdns``).
 
-- the ConfigMap ``respawn-testbed``: the API server's address for the pods
-  (KUBERNETES_SERVICE_HOST/PORT; the port is chosen at ``local up``);
-(The NATS servers' volumes and the namespace's placement on the node come with the real node:
-``realnode.cluster_manifests``.)
-
-The webhook makes its own serving certificate and the NATS users' passwords, as in the release.
-
-Then it applies everything server-side and returns once every Deployment and the StatefulSet
-are rolled out and Ready: a service is Ready only once its consumers are bound (its /readyz).
+``deploy`` applies it server-side and returns once every Deployment and the StatefulSet are
+rolled out and Ready: a service is Ready only once its consumers are bound (its /readyz).
 """
 
 from __future__ import annotations
@@ -39,7 +32,6 @@ Log = Callable[[str], None]
 
 OVERLAY: Final = binaries.REPO_ROOT / "deploy" / "overlays" / "testbed"
 NAMESPACE: Final = "respawn-system"
-ENDPOINTS_CONFIGMAP: Final = "respawn-testbed"
 WEBHOOK_CONFIGURATION: Final = "respawn-appwrapper"
 NATS_STATEFULSET: Final = "respawn-nats"
 DEPLOYMENTS: Final = (
@@ -68,33 +60,13 @@ def render(state: State) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
 
 
-def api_endpoint(api_url: str) -> tuple[str, str]:
-    """(host, port) of the API server's URL, as a pod on the node's network reaches it."""
-    hostport = api_url.removeprefix("https://").rstrip("/")
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise TestbedError(f"cannot read host and port from the API server URL {api_url!r}")
-    return host, port
-
-
-def endpoints_configmap(api_url: str) -> dict[str, Any]:
-    host, port = api_endpoint(api_url)
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": ENDPOINTS_CONFIGMAP, "namespace": NAMESPACE},
-        "data": {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port},
-    }
-
-
 def manifests(state: State) -> list[dict[str, Any]]:
-    """Everything ``deploy`` applies: the overlay and what this testbed adds to it."""
+    """Everything ``deploy`` applies: the overlay, the namespace first (so that the objects in it
+    are created in the same apply)."""
     docs = render(state)
-    # The namespace first, so that the objects in it can be created in the same apply.
-    namespaces = [d for d in docs if d.get("kind") == "Namespace"]
-    return (
-        namespaces + [endpoints_configmap(state.api_url)] + [d for d in docs if d.get("kind") != "Namespace"]
-    )
+    return [d for d in docs if d.get("kind") == "Namespace"] + [
+        d for d in docs if d.get("kind") != "Namespace"
+    ]
 
 
 def apply(kubeconfig: Path, docs: Iterable[dict[str, Any]]) -> None:

@@ -772,6 +772,8 @@ def stop(state_dir: Path, pids: dict[str, int], log: Log = _say_nothing) -> list
     if host is None and not layout.dir.exists():
         return []
 
+    if pid := pids.get("cluster-dns"):
+        stop_pid(pid)
     if pid := pids.get("kubelet"):
         if pid_alive(pid):
             log(f"stopping kubelet (pid {pid})")

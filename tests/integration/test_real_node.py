@@ -266,9 +266,9 @@ def test_real_node_joins_a_running_testbed_and_goes_with_it(tmp_path: Path) -> N
         pids = json.loads((state_dir / "state.json").read_text())["pids"]
         assert joined.returncode == 0, joined.stderr
         assert json.loads(joined.stdout)["realNode"]["ready"] is True
-        # The running control plane was kept; only containerd and the kubelet were added.
+        # The running control plane was kept; only the node's processes were added.
         assert {k: v for k, v in pids.items() if k in control_plane} == control_plane
-        assert set(pids) - set(control_plane) == {"containerd", "kubelet"}
+        assert set(pids) - set(control_plane) == {"containerd", "kubelet", "cluster-dns"}
         assert realnode.node_ready(Path(json.loads(joined.stdout)["kubeconfig"])) is True
 
         again = respawn(

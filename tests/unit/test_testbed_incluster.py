@@ -1,5 +1,5 @@
-"""The pure parts of `respawn local deploy`: build.sh's output, the API server's address for
-pods, what the real node provides, and when a Deployment or StatefulSet counts as rolled out."""
+"""The pure parts of `respawn local deploy`: build.sh's output, what the real node provides,
+and when a Deployment or StatefulSet counts as rolled out."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from respawn.testbed import incluster, realnode
-from respawn.testbed.errors import TestbedError
 
 BUILD_OUTPUT = """\
 docker.io/library/respawn-python:3.11  sha256:aaa  102 MB  cached  /c/images/respawn-python-3.11-x/image.tar
@@ -31,19 +30,6 @@ def test_build_output_gives_each_image_by_its_short_name() -> None:
 
 def test_build_output_ignores_lines_that_are_not_images() -> None:
     assert realnode.parse_build_output("building...\nall done\n\n") == {}
-
-
-def test_the_api_servers_address_is_split_into_host_and_port() -> None:
-    assert incluster.api_endpoint("https://127.0.0.1:6443") == ("127.0.0.1", "6443")
-    configmap = incluster.endpoints_configmap("https://127.0.0.1:41234/")
-    assert configmap["metadata"] == {"name": "respawn-testbed", "namespace": "respawn-system"}
-    assert configmap["data"] == {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "41234"}
-
-
-@pytest.mark.parametrize("url", ["https://127.0.0.1", "127.0.0.1:x", ""])
-def test_an_api_server_url_without_a_port_is_an_error(url: str) -> None:
-    with pytest.raises(TestbedError, match="cannot read host and port"):
-        incluster.api_endpoint(url)
 
 
 def test_the_real_node_provides_respawns_namespace_placement_and_a_volume_per_nats_server() -> None:
