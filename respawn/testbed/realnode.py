@@ -1,25 +1,26 @@
 """A real node in the local testbed: containerd and a kubelet on this machine, beside kwok's nodes.
 
-`respawn local up --real-node` (as root) runs a containerd of the testbed's own (config, root,
-state and socket under ``DIR/node/``), imports the pause, busybox, Respawn and NATS images into it, and
-runs the pinned kubelet against it, registered with the testbed's API server as
-``respawn-node-0`` with a client certificate of the testbed's CA for ``system:node:respawn-node-0``
-(no bootstrap token, no certificate signing request). Its pods get their network from Debian's
-CNI plugins: a bridge of the testbed's own with ``host-local`` addresses (docs/deploy.md, "Real
-node in the local testbed"). The node carries the taint ``respawn.dev/real-node=true:NoSchedule``,
-so that only pods tolerating it land there and bulk workloads stay on kwok's nodes.
+`respawn local up --real-node` (as root) runs a containerd of the testbed's own (config, root, state
+and socket under ``DIR/node/``), imports the pause, busybox, Respawn and NATS images into it, and
+runs the pinned kubelet against it, registered with the testbed's API server as ``respawn-node-0``
+with a client certificate of the testbed's CA for ``system:node:respawn-node-0`` (no bootstrap
+token, no certificate signing request). Its pods get their network from Debian's CNI plugins: a
+bridge of the testbed's own with ``host-local`` addresses (docs/deploy.md, "Real node in the local
+testbed"). The node carries the taint ``respawn.dev/real-node=true:NoSchedule``, so that only pods
+tolerating it land there and bulk workloads stay on kwok's nodes.
 
 It also gives pods what a cluster gives them, so that Respawn's manifests run as they are
 (docs/deploy.md, "Cluster network"): the `kubernetes` Service's address (one iptables rule to the
 API server), cluster DNS (``respawn.testbed.clusterdns``), volumes for the NATS servers' claims,
 and Respawn's namespace placed on this node (PodNodeSelector, PodTolerationRestriction).
 
-Outside ``DIR`` it changes only what ``DIR/node/host.json`` records before the change (or what
-leads into ``DIR``), and ``stop`` undoes all of it: the bridge, the iptables chain, the pods' cgroups (under a root of
-the testbed's own), the kernel settings the kubelet sets when it starts, the kubelet's links to its
-containers' logs and the directories of compiled-in paths made on the way. ``stop`` also stops
-every pod through the CRI (which releases the pods' network namespaces), and unmounts whatever is
-still mounted under ``DIR`` (the pods' volumes, the containers' root filesystems).
+Outside ``DIR`` it changes only what ``DIR/node/host.json`` records before the change (or what leads
+into ``DIR``), and ``stop`` undoes all of it: the bridge, the iptables chain, the pods' cgroups
+(under a root of the testbed's own), the kernel settings the kubelet sets when it starts, the
+kubelet's links to its containers' logs and the directories of compiled-in paths made on the way.
+``stop`` also stops every pod through the CRI (which releases the pods' network namespaces), and
+unmounts whatever is still mounted under ``DIR`` (the pods' volumes, the containers' root
+filesystems).
 """
 
 from __future__ import annotations
