@@ -76,7 +76,9 @@ def apply(kubeconfig: Path, docs: Iterable[dict[str, Any]]) -> None:
         "apply",
         "--server-side",
         "--force-conflicts",
-        "--field-manager=respawn-testbed",
+        # Not the real node's manager: applying the overlay's Namespace under that one would take
+        # away the placement annotations the node put there.
+        "--field-manager=respawn-local-deploy",
         "-f",
         "-",
         stdin=text,
