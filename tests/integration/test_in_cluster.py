@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import os
 import subprocess
 import time
 import uuid
@@ -42,16 +41,10 @@ from respawn.testbed.cluster import kubectl
 from shared.appwrapper.model import read_appwrapper
 from tests.integration import cli
 from tests.integration.objects import FAST_RESET, apply, get_appwrapper, running_pods, wait_phase
+from tests.integration.realnode_marks import REAL_NODE
 from tests.waiting import until, until_sync
 
-pytestmark = [
-    pytest.mark.testbed,
-    pytest.mark.skipif(os.geteuid() != 0, reason="a real node needs root (containerd and the kubelet)"),
-    pytest.mark.skipif(
-        bool(binaries.missing()),
-        reason=f"testbed binaries not built yet in {binaries.bin_dir()} (run 'make binaries')",
-    ),
-]
+pytestmark = REAL_NODE
 
 respawn = functools.partial(cli.respawn, timeout=600)
 NS = incluster.NAMESPACE

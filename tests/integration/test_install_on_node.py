@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,21 +28,15 @@ from typing import Any
 import pytest
 
 from respawn import release
-from respawn.testbed import binaries, manifests, realnode, sim
+from respawn.testbed import manifests, realnode, sim
 from respawn.testbed.cluster import kubectl
 from shared.appwrapper.model import read_appwrapper
 from tests.integration import cli
 from tests.integration.objects import FAST_RESET, apply, get_appwrapper, running_pods, wait_phase
+from tests.integration.realnode_marks import REAL_NODE
 from tests.waiting import until, until_sync
 
-pytestmark = [
-    pytest.mark.testbed,
-    pytest.mark.skipif(os.geteuid() != 0, reason="a real node needs root (containerd and the kubelet)"),
-    pytest.mark.skipif(
-        bool(binaries.missing()),
-        reason=f"testbed binaries not built yet in {binaries.bin_dir()} (run 'make binaries')",
-    ),
-]
+pytestmark = REAL_NODE
 
 respawn = functools.partial(cli.respawn, timeout=600)
 NS = realnode.RESPAWN_NAMESPACE

@@ -24,22 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from respawn.testbed import binaries, realnode
+from respawn.testbed import realnode
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.process import pid_alive
 from tests.integration import cli
+from tests.integration.realnode_marks import REAL_NODE
 from tests.waiting import until_sync
 
-pytestmark = [
-    pytest.mark.testbed,
-    pytest.mark.skipif(os.geteuid() != 0, reason="a real node needs root (containerd and the kubelet)"),
-    pytest.mark.skipif(
-        bool(binaries.missing()),
-        reason=f"testbed binaries not built yet in {binaries.bin_dir()} (run 'make binaries')",
-    ),
-]
+pytestmark = REAL_NODE
 
 respawn = functools.partial(cli.respawn, timeout=300)
 NODE = realnode.NODE_NAME
