@@ -606,17 +606,10 @@ class RealNode:
         self._imports.start()
 
     def _import(self, images: list[BuiltImage]) -> None:
-        for image in images:
-            try:
-                _run(
-                    [*_ctr(self.layout), "images", "import", str(image.archive)],
-                    what=f"ctr images import {image.archive}",
-                    fix=f"see {self.layout.state_dir / 'logs' / 'containerd.log'}",
-                    timeout=300,
-                )
-            except (TestbedError, subprocess.TimeoutExpired) as exc:
-                self._import_error = str(exc)
-                return
+        try:
+            import_archives(self.layout.state_dir, [image.archive for image in images])
+        except (TestbedError, subprocess.TimeoutExpired) as exc:
+            self._import_error = str(exc)
 
     def start_kubelet(self, api_url: str, p: pki.Pki) -> None:
         """The kubelet, with a client certificate for its node and a serving certificate of the CA."""
