@@ -154,8 +154,15 @@ async def test_failed_pod_node_is_excluded_on_retry(
         done=lambda aw: read_appwrapper(aw).resetting_count == 1,
         within=60,
     )
-    annotations = get(kc, "appwrapper", "ex", "-n", namespace)["metadata"]["annotations"]
-    assert annotations[EXCLUDED] == pod["spec"]["nodeName"]
+    # The exclusion is patched in the same pass as the reset's status write, just after it (a
+    # metadata patch first would void the status write's resourceVersion precondition).
+    recorded = await until(
+        "the failed pod's node recorded as excluded",
+        lambda: get(kc, "appwrapper", "ex", "-n", namespace)["metadata"].get("annotations", {}),
+        done=lambda annotations: EXCLUDED in annotations,
+        within=30,
+    )
+    assert recorded[EXCLUDED] == pod["spec"]["nodeName"]
     new = await recreated(kc, namespace, "ex", pod)
     assert new["spec"]["nodeName"] != pod["spec"]["nodeName"]
     fields = [
