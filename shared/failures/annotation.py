@@ -107,7 +107,9 @@ def workload_patterns(annotations: Mapping[str, Any]) -> WorkloadPatterns:
     patterns: list[FailurePattern] = []
     for index, entry in enumerate(data):
         if not isinstance(entry, dict):
-            return _refused(f"{prefix}[{index}]: a pattern is a mapping of fields, not {type(entry).__name__}")
+            return _refused(
+                f"{prefix}[{index}]: a pattern is a mapping of fields, not {type(entry).__name__}"
+            )
         try:
             patterns.append(FailurePattern.model_validate(entry))
         except ValidationError as exc:

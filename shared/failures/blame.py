@@ -84,4 +84,6 @@ def attribute(
         else f"failures more than {window.total_seconds():g}s apart"
     )
     shown = ", ".join(blamed) if blamed else "none (no failed pod had a node)"
-    return Attribution(FaultKind.INFRASTRUCTURE, tuple(blamed), f"{why}: an infrastructure fault; nodes blamed: {shown}")
+    return Attribution(
+        FaultKind.INFRASTRUCTURE, tuple(blamed), f"{why}: an infrastructure fault; nodes blamed: {shown}"
+    )

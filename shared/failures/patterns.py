@@ -20,7 +20,15 @@ from collections.abc import Iterable
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from shared.failures.facts import SIGNALS, FailureFacts
@@ -116,11 +124,18 @@ def _signals(value: Any) -> Any:
     return tuple(names)
 
 
-ExitCodes = Annotated[tuple[tuple[int, int], ...], BeforeValidator(_exit_code_ranges)]
-Signals = Annotated[tuple[str, ...], BeforeValidator(_signals)]
-NodeStates = Annotated[
-    tuple[Literal["Ready", "NotReady", "Unknown", "Deleted"], ...], Field(min_length=1)
+def _written_ranges(ranges: tuple[tuple[int, int], ...]) -> list[int | str]:
+    """The way an operator writes them: ``[1, "3-5"]``."""
+    return [low if low == high else f"{low}-{high}" for low, high in ranges]
+
+
+ExitCodes = Annotated[
+    tuple[tuple[int, int], ...],
+    BeforeValidator(_exit_code_ranges),
+    PlainSerializer(_written_ranges, return_type=list[int | str]),
 ]
+Signals = Annotated[tuple[str, ...], BeforeValidator(_signals)]
+NodeStates = Annotated[tuple[Literal["Ready", "NotReady", "Unknown", "Deleted"], ...], Field(min_length=1)]
 
 
 class _Model(BaseModel):
@@ -165,8 +180,7 @@ class FailurePattern(_Model):
             )
         if self.code is not None and not CODE_PATTERN.fullmatch(self.code):
             raise ValueError(
-                f"code {self.code!r} must start with a letter and hold at most 63 letters, "
-                "digits and ':._/-'"
+                f"code {self.code!r} must start with a letter and hold at most 63 letters, digits and ':._/-'"
             )
         return self
 
