@@ -15,6 +15,7 @@ expression costs little.
 from __future__ import annotations
 
 import functools
+import importlib
 import re
 from collections.abc import Iterable
 from enum import StrEnum
@@ -68,13 +69,44 @@ def compiled(expression: str) -> re.Pattern[str]:
     return re.compile(expression)
 
 
+# Python's own regular-expression parser (no public API; without it the check below is skipped).
+try:
+    _PARSER: Any = importlib.import_module("re._parser")
+    _REPEATS: tuple[Any, ...] = (_PARSER.MAX_REPEAT, _PARSER.MIN_REPEAT)
+except (ImportError, AttributeError):  # pragma: no cover - a Python without it
+    _PARSER = None
+    _REPEATS = ()
+
+
+def _nested_repeat(items: Any, inside: bool = False) -> bool:
+    """Whether a repeat sits inside another repeat, as in ``(a+)+``: such an expression can take
+    exponential time on a text that almost matches, and a workload's pattern runs in health."""
+    for op, argument in items:
+        if op in _REPEATS:
+            _low, high, sub = argument
+            repeats = high is _PARSER.MAXREPEAT or high > 1
+            if (inside and repeats) or _nested_repeat(sub, inside or repeats):
+                return True
+            continue
+        for part in argument if isinstance(argument, tuple | list) else ():
+            if isinstance(part, _PARSER.SubPattern) and _nested_repeat(part, inside):
+                return True
+            if isinstance(part, list) and any(
+                isinstance(sub, _PARSER.SubPattern) and _nested_repeat(sub, inside) for sub in part
+            ):
+                return True
+    return False
+
+
 def _regex(value: str) -> str:
     if len(value) > MAX_REGEX_LENGTH:
         raise ValueError(f"regular expression longer than {MAX_REGEX_LENGTH} characters")
     try:
         compiled(value)
-    except re.error as exc:
+    except (re.error, RecursionError, OverflowError) as exc:
         raise ValueError(f"not a valid regular expression ({exc})") from None
+    if _PARSER is not None and _nested_repeat(_PARSER.parse(value)):
+        raise ValueError("a repeat inside a repeat, such as (a+)+, can take exponential time; rewrite it")
     return value
 
 

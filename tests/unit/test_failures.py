@@ -269,6 +269,8 @@ patterns:
         ),
         ("[{reason: x, class: Unknown, colour: red}]", "[0].colour: Extra inputs are not permitted"),
         ("[{nodeState: [Gone], class: Unknown}]", "[0].nodeState[0]: Input should be"),
+        ("[{message: '(a+)+$', class: Unknown}]", "[0].message: a repeat inside a repeat"),
+        ("[{reason: '(x|y*)*', class: Unknown}]", "[0].reason: a repeat inside a repeat"),
         ("[42]", "[0]: a pattern is a mapping of fields, not int"),
         ("{version: 2, patterns: []}", "version 2 is not supported (only 1)"),
         ("{version: 1, rules: []}", "unknown key 'rules'"),
@@ -287,6 +289,17 @@ def test_a_bad_annotation_is_refused_with_a_reason(value: str, expected: str) ->
     assert parsed.patterns == ()
     assert parsed.error.startswith(f"{FAILURE_PATTERNS_ANNOTATION} refused: ")
     assert expected in parsed.error
+
+
+def test_deeply_nested_yaml_is_refused_not_raised() -> None:
+    parsed = workload_patterns({FAILURE_PATTERNS_ANNOTATION: "[" * 10000})
+    assert "not valid JSON or YAML" in parsed.error
+
+
+def test_regular_expressions_without_nested_repeats_are_accepted() -> None:
+    for expression in ["a+b+", "(ab)+", "NCCL (error|timeout)", "[a-z]+(x+)?", "(a|b)?c*", "(a{1})+"]:
+        pattern = FailurePattern.model_validate({"message": expression, "class": "Unknown"})
+        assert pattern.message == expression
 
 
 def test_a_refused_annotation_leaves_the_default_table_in_force() -> None:
