@@ -37,6 +37,8 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from shared.durations import format_go_duration, parse_go_duration
+from shared.failures import failure_table
+from shared.failures.patterns import FailurePattern
 from shared.faulttolerance import FaultTolerance
 
 if TYPE_CHECKING:
@@ -48,6 +50,7 @@ __all__ = [
     "AdmissionConfig",
     "AutopilotConfig",
     "ConfigError",
+    "FailuresConfig",
     "FaultToleranceConfig",
     "NatsConfig",
     "NodeExclusionConfig",
@@ -433,6 +436,30 @@ class NatsConfig(_Section):
         return value
 
 
+class FailuresConfig(_Section):
+    """How failures are classified and how many transient ones are retried (docs/failures.md)."""
+
+    # The operator's own failure patterns (syntax v1), tried before the default table.
+    patterns: list[FailurePattern] = Field(default_factory=list)
+    # True: the operator's patterns replace the default table instead of going ahead of it.
+    replace_default_patterns: bool = False
+    # Retries of Transient failures that do not count toward retryLimit; past them, a Transient
+    # failure counts like any other, so an endlessly evicted workload still ends.
+    transient_retry_limit: int = Field(default=10, ge=0, le=(1 << 31) - 1)
+    # Pods of one attempt that all fail within this long of each other, with the same code, fail
+    # the application's way: no node is blamed.
+    application_fault_window: Duration = timedelta(seconds=5)
+
+    @field_validator("application_fault_window")
+    @classmethod
+    def _window(cls, value: timedelta) -> timedelta:
+        return _not_negative(value)
+
+    def table(self) -> tuple[FailurePattern, ...]:
+        """The operator's failure table (its patterns, then the defaults unless replaced)."""
+        return failure_table(self.patterns, replace_defaults=self.replace_default_patterns)
+
+
 class ScalingConfig(_Section):
     """How the replicas of a service split the work (docs/scaling.md)."""
 
@@ -462,6 +489,7 @@ class OperatorConfig(_Section):
     lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
     watcher: WatcherConfig = Field(default_factory=WatcherConfig)
     scaling: ScalingConfig = Field(default_factory=ScalingConfig)
+    failures: FailuresConfig = Field(default_factory=FailuresConfig)
     # Kueue local queue put on AppWrappers that name none; empty leaves them alone.
     default_queue_name: str = ""
     nats: NatsConfig = Field(default_factory=NatsConfig)
