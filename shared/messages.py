@@ -33,14 +33,20 @@ class Message(BaseModel):
 
     KIND: ClassVar[str] = ""
     VERSION: ClassVar[int] = 1
+    # Counts additive changes within a version (new optional fields whose defaults keep the old
+    # meaning): a reader of an older revision reads a newer one, ignoring what it does not know,
+    # so only ``schema_version`` is ever a reason to refuse a message.
+    REVISION: ClassVar[int] = 0
 
     schema_kind: str = ""
     schema_version: int = 1
+    schema_revision: int = 0
 
     def model_post_init(self, __context: Any) -> None:
         # Stamp kind/version on construction so producers never forget them.
         object.__setattr__(self, "schema_kind", self.KIND)
         object.__setattr__(self, "schema_version", self.VERSION)
+        object.__setattr__(self, "schema_revision", self.REVISION)
 
     @classmethod
     def schema_id(cls) -> str:
@@ -120,12 +126,36 @@ class ContainerState(BaseModel):
     # state.terminated.finishedAt: when a failed pod failed, taken from the pod itself so that
     # every health instance (and a restarted one) computes the same failure deadline.
     finished_at: datetime | None = None
+    # Revision 1: the terminated state's message (the container's termination message, at most
+    # MESSAGE_LIMIT characters) or the waiting state's message; and for a container that
+    # restarted, the exit code and reason of its last termination (a crash loop shows there).
+    message: str = ""
+    last_exit_code: int | None = None
+    last_reason: str = ""
+
+
+# Long enough for the kubelet's own termination message limit (4 KiB); the failure patterns
+# match on it. Longer values are cut, so a pod cannot make its observations arbitrarily large.
+MESSAGE_LIMIT = 4096
+
+
+class PodConditionState(BaseModel):
+    """One condition of a pod (revision 1 of ``observation.pod``): e.g. ``DisruptionTarget``,
+    whose reason tells a preemption, an eviction or the taint manager from an application fault."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    status: str = ""
+    reason: str = ""
+    message: str = ""
 
 
 class PodObservation(Message):
     """Latest state of a pod labelled ``workload.codeflare.dev/appwrapper``."""
 
     KIND: ClassVar[str] = "observation.pod"
+    REVISION: ClassVar[int] = 1
 
     ref: ObjectRef
     appwrapper: str
@@ -142,6 +172,11 @@ class PodObservation(Message):
     resources: tuple[str, ...] = ()
     owner_kind: str = ""
     owner_name: str = ""
+    # Revision 1: what a failure is classified on (docs/failures.md): ``status.reason`` and
+    # ``status.message`` (Evicted, Preempting, NodeLost, ...) and the pod's conditions.
+    reason: str = ""
+    message: str = ""
+    conditions: tuple[PodConditionState, ...] = ()
 
 
 class ComponentObservation(Message):
@@ -193,6 +228,7 @@ class Verdict(Message):
     """
 
     KIND: ClassVar[str] = "verdict"
+    REVISION: ClassVar[int] = 1
 
     ref: ObjectRef
     state: VerdictState
@@ -214,6 +250,13 @@ class Verdict(Message):
     # deployment. With ``resetting_count`` it tells verdicts about an earlier attempt (including
     # one ended by an Autopilot reset, which does not increment the count) from current ones.
     attempt_started_at: datetime | None = None
+    # Revision 1 (docs/failures.md): the failure's class (Transient, Permanent or Unknown; ""
+    # when the verdict is not about a failure) and code (e.g. ExitCode:1, Signal:SIGKILL,
+    # OOMKilled, Evicted); whether it is an Application or an Infrastructure fault (``nodes``
+    # then names the nodes blamed: none for an application fault).
+    failure_class: str = ""
+    failure_code: str = ""
+    fault_kind: str = ""
 
 
 class NodeVerdict(Message):
@@ -232,6 +275,7 @@ class LifecycleEvent(Message):
     """Something lifecycle did to an AppWrapper. Public interface: ``respawn.lifecycle.<ns>.<name>``."""
 
     KIND: ClassVar[str] = "lifecycle.event"
+    REVISION: ClassVar[int] = 1
 
     ref: ObjectRef
     event: str
@@ -242,6 +286,10 @@ class LifecycleEvent(Message):
     resetting_count: int = 0
     nodes: tuple[str, ...] = ()
     at: datetime
+    # Revision 1: the class and code of the failure the event is about ("" when none), as in
+    # the verdict it applied.
+    failure_class: str = ""
+    failure_code: str = ""
 
 
 class AnyObservation(Message):

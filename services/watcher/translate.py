@@ -28,12 +28,14 @@ from shared.appwrapper.model import mapping_at, str_at
 from shared.appwrapper.podsets import component_pod_sets
 from shared.kubetime import parse_kube_time
 from shared.messages import (
+    MESSAGE_LIMIT,
     AppWrapperObservation,
     ComponentObservation,
     ContainerState,
     Message,
     NodeObservation,
     ObjectRef,
+    PodConditionState,
     PodObservation,
 )
 from shared.partitions import partition_of
@@ -51,27 +53,37 @@ def _ref(obj: dict[str, Any]) -> ObjectRef:
     )
 
 
+def _text(value: Any) -> str:
+    """A string field of a pod's status as the observation carries it: cut at MESSAGE_LIMIT."""
+    return value[:MESSAGE_LIMIT] if isinstance(value, str) else ""
+
+
 def _containers(status: dict[str, Any]) -> tuple[ContainerState, ...]:
     out: list[ContainerState] = []
     for init, key in ((True, "initContainerStatuses"), (False, "containerStatuses")):
         for cs in status.get(key) or []:
             state = cs.get("state") or {}
             exit_code = None
-            reason = ""
+            reason = message = ""
             finished = None
             if "terminated" in state:
                 kind: Literal["waiting", "running", "terminated", "unknown"] = "terminated"
                 term = state["terminated"] or {}
                 exit_code = term.get("exitCode")
-                reason = term.get("reason", "")
+                reason = _text(term.get("reason"))
+                message = _text(term.get("message"))
                 finished = parse_kube_time(term.get("finishedAt"))
             elif "running" in state:
                 kind = "running"
             elif "waiting" in state:
                 kind = "waiting"
-                reason = (state["waiting"] or {}).get("reason", "")
+                waiting = state["waiting"] or {}
+                reason = _text(waiting.get("reason"))
+                message = _text(waiting.get("message"))
             else:
                 kind = "unknown"
+            last = (cs.get("lastState") or {}).get("terminated") or {}
+            last_code = last.get("exitCode")
             out.append(
                 ContainerState(
                     name=cs.get("name", ""),
@@ -82,9 +94,25 @@ def _containers(status: dict[str, Any]) -> tuple[ContainerState, ...]:
                     ready=bool(cs.get("ready")),
                     restart_count=int(cs.get("restartCount") or 0),
                     finished_at=finished,
+                    message=message,
+                    last_exit_code=last_code if isinstance(last_code, int) else None,
+                    last_reason=_text(last.get("reason")),
                 )
             )
     return tuple(out)
+
+
+def _conditions(status: dict[str, Any]) -> tuple[PodConditionState, ...]:
+    return tuple(
+        PodConditionState(
+            type=_text(c.get("type")),
+            status=_text(c.get("status")),
+            reason=_text(c.get("reason")),
+            message=_text(c.get("message")),
+        )
+        for c in status.get("conditions") or []
+        if isinstance(c, Mapping) and isinstance(c.get("type"), str)
+    )
 
 
 def _extended_resources(spec: dict[str, Any]) -> tuple[str, ...]:
@@ -126,6 +154,9 @@ def pod_observation(obj: dict[str, Any], *, deleted: bool, now: datetime) -> Pod
         resources=_extended_resources(spec),
         owner_kind=owner.get("kind", ""),
         owner_name=owner.get("name", ""),
+        reason=_text(status.get("reason")),
+        message=_text(status.get("message")),
+        conditions=_conditions(status),
     )
 
 
@@ -646,7 +677,7 @@ def _kept_pod(obj: dict[str, Any]) -> dict[str, Any]:
                 raise TypeError("not a pod")
             # Of a container only what it asks for: the observation names its extended resources.
             kept_spec[key] = [{k: c[k] for k in ("resources",) if k in c} for c in containers]
-    read = ("phase", "conditions", "containerStatuses", "initContainerStatuses")
+    read = ("phase", "reason", "message", "conditions", "containerStatuses", "initContainerStatuses")
     kept_status = {k: status[k] for k in read if k in status}
     return {"spec": kept_spec, "status": kept_status}
 

@@ -21,6 +21,7 @@ MODELS = [
     messages.LifecycleEvent,
     messages.ContainerState,
     messages.ObjectRef,
+    messages.PodConditionState,
 ]
 
 
@@ -34,8 +35,8 @@ def section(kind_or_name: str) -> str:
 def test_every_field_is_documented(model: type) -> None:
     text = section(model.__name__)
     assert text, f"docs/messages.md has no section for {model.__name__}"
-    # schema_kind / schema_version are documented once for all schemas.
-    common = {"schema_kind", "schema_version"}
+    # schema_kind / schema_version / schema_revision are documented once for all schemas.
+    common = {"schema_kind", "schema_version", "schema_revision"}
     missing = [
         name
         for name in model.model_fields  # type: ignore[attr-defined]
