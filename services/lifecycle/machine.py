@@ -54,6 +54,7 @@ from services.lifecycle.actions import (
     PublishLifecycleEvent,
 )
 from services.lifecycle.announcements import FORCEFUL_DELETION_EVENT
+from services.lifecycle.attempts import attempt_hook, attempt_of, next_attempt
 from services.lifecycle.conditions import (
     clear_condition,
     condition_status,
@@ -611,6 +612,8 @@ class _Reconciliation:
             why = "the failure is terminal" if terminal else f"the retry limit of {limit} is reached"
             self._fail(reason, f"{reason}: {message}; {why}" if message else f"{reason}; {why}", nodes)
             return
+        # Every reset begins a new attempt, counted or not; written with the Resetting status.
+        self.status["attempt"] = next_attempt(self.status)
         self.status["resettingCount"] = count + increment
         self.reset_started = True
         if increment:
@@ -699,6 +702,7 @@ class _Reconciliation:
         creates: list[CreateComponent] = []
         uid = str(self.meta.get("uid", ""))
         started = attempt_start(self.status)
+        hooks = (*self.hooks, attempt_hook(uid, attempt_of(self.status), _first_pod_sets(entries)))
         for index, entry in enumerate(entries[: len(self.components)]):
             conditions = entry.get("conditions") or []
             current = condition_status(conditions, ConditionType.RESOURCES_DEPLOYED)
@@ -763,7 +767,7 @@ class _Reconciliation:
                     self.aw,
                     index,
                     pod_sets=_pod_sets(entry),
-                    hooks=self.hooks,
+                    hooks=hooks,
                     annotations={COMPONENT_ANNOTATION: component_identity(uid, started, index)},
                 )
             except (TemplateError, ValueError) as exc:
@@ -1059,6 +1063,16 @@ def _pod_sets(entry: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
     if isinstance(pod_sets, list) and all(isinstance(p, Mapping) for p in pod_sets):
         return pod_sets
     return None
+
+
+def _first_pod_sets(entries: Sequence[Mapping[str, Any]]) -> dict[int, int]:
+    """Component index -> the global index of its first pod set (pod sets numbered in order)."""
+    first: dict[int, int] = {}
+    total = 0
+    for index, entry in enumerate(entries):
+        first[index] = total
+        total += len(_pod_sets(entry) or ())
+    return first
 
 
 def _component_reason(conditions: Sequence[Any]) -> str:

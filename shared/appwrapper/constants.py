@@ -57,6 +57,20 @@ ANNOUNCED_ANNOTATION: Final = f"{RESPAWN_PREFIX}announced"
 # the AppWrapper label already, and the rendered object's labels stay as upstream's.)
 COMPONENT_ANNOTATION: Final = f"{RESPAWN_PREFIX}component"
 
+# On every pod template lifecycle renders: the attempt the pods belong to ("1", "2", ...; it
+# counts every reset, see status.attempt) and the pod set they belong to (its index among all the
+# AppWrapper's pod sets, in component order). Health judges a completion policy by the latter.
+ATTEMPT_LABEL: Final = f"{RESPAWN_PREFIX}attempt"
+POD_SET_LABEL: Final = f"{RESPAWN_PREFIX}pod-set"
+
+# On the AppWrapper: "true" asks Respawn to stop the workload (delete everything, end Failed with
+# reason Stopped, retry nothing). docs/lifecycle.md, "Stopping a workload".
+STOP_ANNOTATION: Final = f"{RESPAWN_PREFIX}stop"
+
+# On the AppWrapper: per pod set, how many succeeded pods make the workload succeed and how many
+# failed pods make it fail (shared/appwrapper/completion.py).
+COMPLETION_POLICY_ANNOTATION: Final = f"{RESPAWN_PREFIX}completion-policy"
+
 # Kueue caps a workload at this many pod sets, so an AppWrapper may not have more.
 MAX_POD_SETS: Final = 8
 
@@ -118,6 +132,8 @@ class Reason(StrEnum):
     DELETION_INITIATED = "DeletionInitiated"
     DELETION_COMPLETE = "DeletionComplete"
     DELETION_PAUSED = "DeletionPaused"
+    # Failed because the respawn.dev/stop annotation asked for it (a Respawn addition).
+    STOPPED = "Stopped"
 
 
 class ComponentReason(StrEnum):

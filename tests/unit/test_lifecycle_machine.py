@@ -317,7 +317,12 @@ def test_created_components_carry_label_owner_and_pod_set_infos() -> None:
         }
     ]
     pod = body["spec"]["template"]
-    assert pod["metadata"]["labels"] == {APPWRAPPER_LABEL: "aw", "kueue.x-k8s.io/podset": "main"}
+    assert pod["metadata"]["labels"] == {
+        APPWRAPPER_LABEL: "aw",
+        "kueue.x-k8s.io/podset": "main",
+        "respawn.dev/attempt": "1",
+        "respawn.dev/pod-set": "0",
+    }
     assert pod["metadata"]["annotations"] == {"a": "1"}
     assert pod["spec"]["nodeSelector"] == {"pool": "gpu"}
     assert pod["spec"]["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]

@@ -1,0 +1,126 @@
+"""Attempt identity: status.attempt, and the label and environment every pod of an attempt carries."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from services.lifecycle.actions import CreateComponent
+from services.lifecycle.attempts import attempt_hook, attempt_of
+from services.lifecycle.machine import reconcile
+from services.lifecycle.observed import Observed
+from services.lifecycle.templating import PodTemplateContext
+from shared.appwrapper.constants import Phase
+from tests.unit.test_lifecycle_machine import (
+    PARAMS,
+    T0,
+    UID,
+    apply,
+    appwrapper,
+    gone,
+    job,
+    of,
+    present,
+    running,
+    verdict,
+)
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", [])}
+
+
+def reset_and_recreate(aw: dict[str, Any], **verdict_kw: Any) -> tuple[dict[str, Any], list[CreateComponent]]:
+    """Drive a Running AppWrapper through one reset to the creates of the next attempt."""
+    count = aw["status"].get("resettingCount", 0)
+    at = T0 + timedelta(seconds=30)
+    plan = reconcile(aw, present(), verdict(count=count, at=at, **verdict_kw), PARAMS, at)
+    aw = apply(aw, plan)
+    assert aw["status"]["phase"] == Phase.RESETTING
+    later = at + PARAMS.retry_pause + timedelta(seconds=5)
+    plan = reconcile(aw, gone(), None, PARAMS, later)
+    aw = apply(aw, plan)
+    plan = reconcile(aw, gone(), None, PARAMS, later + timedelta(seconds=5))
+    aw = apply(aw, plan)
+    creates = of(plan, CreateComponent)
+    assert creates, f"no creates in phase {aw['status']['phase']}"
+    return aw, creates
+
+
+def test_the_first_attempt_is_1_and_its_pods_carry_label_and_environment() -> None:
+    template = job()
+    pod_spec = template["spec"]["template"]["spec"]
+    pod_spec["initContainers"] = [{"name": "fetch", "image": "busybox"}]
+    aw = appwrapper(components=[{"template": template}])
+    plan = reconcile(aw, Observed(), None, PARAMS, T0)
+    (create,) = of(plan, CreateComponent)
+    pod = create.body["spec"]["template"]
+    assert pod["metadata"]["labels"]["respawn.dev/attempt"] == "1"
+    for container in (*pod["spec"]["initContainers"], *pod["spec"]["containers"]):
+        assert env_of(container) == {"RESPAWN_ATTEMPT": "1", "RESPAWN_ATTEMPT_ID": f"{UID}-1"}
+
+
+def test_a_reset_writes_the_next_attempt_with_the_resetting_status_and_its_pods_carry_it() -> None:
+    aw = running()
+    aw, creates = reset_and_recreate(aw)
+    assert aw["status"]["attempt"] == 2
+    pod = creates[0].body["spec"]["template"]
+    assert pod["metadata"]["labels"]["respawn.dev/attempt"] == "2"
+    assert env_of(pod["spec"]["containers"][0]) == {"RESPAWN_ATTEMPT": "2", "RESPAWN_ATTEMPT_ID": f"{UID}-2"}
+
+
+def test_a_reset_that_does_not_count_still_begins_a_new_attempt() -> None:
+    aw = running()
+    aw, creates = reset_and_recreate(aw, reason="AutopilotNoExecute", counts_toward_retry=False)
+    assert aw["status"].get("resettingCount", 0) == 0
+    assert aw["status"]["attempt"] == 2
+    assert creates[0].body["spec"]["template"]["metadata"]["labels"]["respawn.dev/attempt"] == "2"
+
+
+def test_the_resetting_status_write_carries_the_attempt() -> None:
+    aw = running()
+    at = T0 + timedelta(seconds=30)
+    plan = reconcile(aw, present(), verdict(at=at), PARAMS, at)
+    assert plan.status is not None
+    assert plan.status["phase"] == Phase.RESETTING
+    assert plan.status["attempt"] == 2
+    assert plan.status["resettingCount"] == 1
+
+
+def test_without_status_attempt_the_attempt_is_derived_from_the_resetting_count() -> None:
+    assert attempt_of({}) == 1
+    assert attempt_of({"resettingCount": 2}) == 3
+    assert attempt_of({"resettingCount": 2, "attempt": 5}) == 5
+    assert attempt_of({"attempt": "x", "resettingCount": 1}) == 2
+    aw = running()
+    aw["status"]["resettingCount"] = 2
+    aw["status"].pop("attempt", None)
+    aw, _ = reset_and_recreate(aw)
+    assert aw["status"]["attempt"] == 4
+
+
+def test_a_users_own_variable_of_the_same_name_is_kept() -> None:
+    hook = attempt_hook("u", 3, {0: 0, 1: 2})
+    template = {
+        "spec": {
+            "containers": [
+                {"name": "a", "env": [{"name": "RESPAWN_ATTEMPT", "value": "mine"}]},
+                {"name": "b"},
+            ]
+        }
+    }
+    out = hook(PodTemplateContext(appwrapper={}, component_index=1, pod_set_index=1, path="template"), template)
+    assert out["spec"]["containers"][0]["env"] == [
+        {"name": "RESPAWN_ATTEMPT", "value": "mine"},
+        {"name": "RESPAWN_ATTEMPT_ID", "value": "u-3"},
+    ]
+    assert env_of(out["spec"]["containers"][1]) == {"RESPAWN_ATTEMPT": "3", "RESPAWN_ATTEMPT_ID": "u-3"}
+    # Pod sets are numbered across components: component 1's second pod set is pod set 3.
+    assert out["metadata"]["labels"] == {"respawn.dev/attempt": "3", "respawn.dev/pod-set": "3"}
+
+
+def test_pod_sets_of_later_components_are_numbered_after_those_of_earlier_ones() -> None:
+    aw = appwrapper(components=[{"template": job("a")}, {"template": job("b")}])
+    plan = reconcile(aw, Observed(), None, PARAMS, T0)
+    labels = [c.body["spec"]["template"]["metadata"]["labels"]["respawn.dev/pod-set"] for c in of(plan, CreateComponent)]
+    assert labels == ["0", "1"]
