@@ -1,0 +1,93 @@
+"""Attempt identity, stopping a workload and per-pod-set completion policies, end to end.
+
+watcher, health and lifecycle run as separate processes on the testbed; each test submits
+AppWrappers to a fresh namespace and follows them through the real API server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from respawn.testbed import manifests, sim
+from respawn.testbed.cluster import kubectl
+from respawn.testbed.modes import Endpoints
+from respawn.testbed.services import ServiceProcess, spawn_service
+from shared.appwrapper.model import read_appwrapper
+from tests.integration.conftest import ServiceFactory
+from tests.integration.objects import (
+    FAST_RESET,
+    apply,
+    events_of,
+    get_appwrapper,
+    jobs,
+    labelled_pods,
+    running_pods,
+    wait_phase,
+)
+from tests.waiting import until
+
+pytestmark = pytest.mark.testbed
+
+
+@pytest.fixture(scope="module")
+def observers(
+    testbed: Endpoints, appwrapper_crd: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """watcher and health, shared by this module's tests; each test starts its own lifecycle."""
+    logs = tmp_path_factory.mktemp("observers") / "logs"
+    started: list[ServiceProcess] = []
+    try:
+        for name in ("watcher", "health"):
+            started.append(
+                spawn_service(name, kubeconfig=testbed.kubeconfig, nats_url=testbed.nats_url, log_dir=logs)
+            )
+        yield
+    finally:
+        for sp in started:
+            sp.stop()
+
+
+@pytest.fixture
+def lifecycle(observers: None, service: ServiceFactory) -> ServiceProcess:
+    return service("lifecycle")
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    container = pod["spec"]["containers"][0]
+    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+
+
+async def test_the_pods_of_the_second_attempt_carry_attempt_2(
+    testbed: Endpoints, namespace: str, lifecycle: ServiceProcess
+) -> None:
+    kc = testbed.kubeconfig
+    annotations = {**FAST_RESET, **manifests.fault_tolerance(retry_pause="1s")}
+    apply(kc, namespace, manifests.job_appwrapper("again", annotations=annotations))
+    first = await until("a running pod", lambda: running_pods(kc, namespace, "again"))
+    uid = get_appwrapper(kc, namespace, "again")["metadata"]["uid"]  # type: ignore[index]
+    assert first[0]["metadata"]["labels"]["respawn.dev/attempt"] == "1"
+    assert env_of(first[0])["RESPAWN_ATTEMPT"] == "1"
+    assert env_of(first[0])["RESPAWN_ATTEMPT_ID"] == f"{uid}-1"
+
+    sim.fail_pod(kc, namespace, first[0]["metadata"]["name"], exit_code=1)
+    second = await until(
+        "a running pod of the next attempt",
+        lambda: [
+            p
+            for p in running_pods(kc, namespace, "again")
+            if p["metadata"]["name"] != first[0]["metadata"]["name"]
+        ],
+        within=40,
+    )
+    pod = second[0]
+    assert pod["metadata"]["labels"]["respawn.dev/attempt"] == "2"
+    assert pod["metadata"]["labels"]["respawn.dev/pod-set"] == "0"
+    assert env_of(pod)["RESPAWN_ATTEMPT"] == "2"
+    assert env_of(pod)["RESPAWN_ATTEMPT_ID"] == f"{uid}-2"
+    aw = get_appwrapper(kc, namespace, "again")
+    assert aw is not None and aw["status"]["attempt"] == 2
+    assert read_appwrapper(aw).resetting_count == 1
