@@ -92,6 +92,7 @@ from shared.appwrapper.constants import (
     MSG_RESOURCES_DELETED_RESETTING,
     MSG_SUSPEND_FALSE,
     MSG_SUSPEND_TRUE,
+    STOP_ANNOTATION,
     ComponentReason,
     ConditionStatus,
     ConditionType,
@@ -99,6 +100,7 @@ from shared.appwrapper.constants import (
     Phase,
     Reason,
 )
+from shared.appwrapper.control import stop_requested
 from shared.appwrapper.params import DELETION_ON_FAILURE_GRACE_PERIOD_ANNOTATION
 from shared.appwrapper.podsets import component_pod_sets, expected_pod_count
 from shared.config import NodeExclusionConfig
@@ -264,6 +266,8 @@ class _Reconciliation:
         self.new_attempt = False
         # A reset began within this call (see _resetting).
         self.reset_started = False
+        # The respawn.dev/stop annotation asks for the workload to be stopped (see _stop).
+        self.stopping = stop_requested(self.meta)
 
     # ------------------------------------------------------------------ driver
 
@@ -290,6 +294,8 @@ class _Reconciliation:
                 Phase.SUCCEEDED: self._succeeded,
                 Phase.FAILED: self._failed,
             }
+            if self.stopping:
+                self._stop()
             for _ in range(_MAX_STEPS):
                 handler = handlers.get(self.phase)
                 if handler is None or not handler():
@@ -579,6 +585,7 @@ class _Reconciliation:
         if (
             self.params.deletion_on_failure_grace > timedelta(0)
             and not self.suspend
+            and not self.stopping
             and self._is_true(ConditionType.RESOURCES_DEPLOYED)
         ):
             # The debugging window is measured from entering Failed. The condition is written
@@ -978,9 +985,23 @@ class _Reconciliation:
         self._transition(Phase.SUSPENDED, "All resources deleted; quota released")
         return True
 
+    def _stop(self) -> None:
+        """The user asked for the workload to stop: Failed (reason Stopped) from any phase that
+        is not finished, and no retry; staged deletion follows in _failed, without the
+        deletion-on-failure pause (a stop asks for the resources back)."""
+        if self.phase in (Phase.FAILED, Phase.SUCCEEDED):
+            return
+        if self.phase == Phase.EMPTY:
+            # Recorded as for any new AppWrapper, so the status says what it would have deployed.
+            try:
+                self.status["componentStatus"] = [self._fresh_entry(i) for i in range(len(self.components))]
+            except ValueError:
+                pass
+        self._fail(Reason.STOPPED, f"Stopped: the AppWrapper has the annotation {STOP_ANNOTATION}=true")
+
     def _failed(self) -> bool:
         if self._is_true(ConditionType.RESOURCES_DEPLOYED):
-            delay = self.params.deletion_on_failure_grace
+            delay = timedelta(0) if self.stopping else self.params.deletion_on_failure_grace
             # Once deletion has begun it is never paused again (re-pausing would restart the
             # window with every step).
             if (
@@ -1022,7 +1043,8 @@ class _Reconciliation:
         else:
             since = self._since(ConditionType.RESOURCES_DEPLOYED)
         ttl = self.params.success_ttl
-        if self.now < since + ttl:
+        # A stop asks for the resources back now, not when the time to live runs out.
+        if self.now < since + ttl and not self.stopping:
             self._requeue(since + ttl)
             return False
         if not self._delete_step():

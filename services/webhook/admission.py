@@ -35,16 +35,19 @@ from pydantic import ValidationError
 from shared.appwrapper.constants import (
     API_VERSION,
     APPWRAPPER_LABEL,
+    COMPLETION_POLICY_ANNOTATION,
     GROUP,
     KIND,
     QUEUE_NAME_LABEL,
     RESPAWN_PREFIX,
+    STOP_ANNOTATION,
     USER_ID_LABEL,
     USER_LABEL,
     VERSION,
 )
+from shared.appwrapper.control import parse_completion_policy, parse_stop
 from shared.appwrapper.model import AppWrapperComponent
-from shared.appwrapper.podsets import validate_appwrapper_pod_sets, validate_pod_sets
+from shared.appwrapper.podsets import component_pod_sets, validate_appwrapper_pod_sets, validate_pod_sets
 
 __all__ = [
     "REVIEW_API_VERSION",
@@ -597,6 +600,39 @@ def _reserved_errors(obj: Mapping[str, Any], templates: list[Any]) -> list[_Fiel
     return errors
 
 
+def _pod_set_count(obj: Mapping[str, Any] | None) -> int | None:
+    total = 0
+    for component in _components(obj):
+        try:
+            total += len(component_pod_sets(component))
+        except (ValueError, TypeError, AttributeError):
+            return None
+    return total
+
+
+def _control_errors(obj: Mapping[str, Any] | None) -> list[_FieldError]:
+    """The Respawn annotations that steer how a workload ends must mean something: a stop or a
+    completion policy that lifecycle or health would ignore is refused, with the reason."""
+    metadata = obj.get("metadata") if isinstance(obj, Mapping) else None
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    if not isinstance(annotations, Mapping):
+        return []
+    errors: list[_FieldError] = []
+    if STOP_ANNOTATION in annotations:
+        try:
+            parse_stop(annotations[STOP_ANNOTATION])
+        except ValueError as exc:
+            errors.append(_FieldError(f"metadata.annotations[{STOP_ANNOTATION}]", ErrorType.INVALID, str(exc)))
+    if COMPLETION_POLICY_ANNOTATION in annotations:
+        try:
+            parse_completion_policy(annotations[COMPLETION_POLICY_ANNOTATION], _pod_set_count(obj))
+        except ValueError as exc:
+            errors.append(
+                _FieldError(f"metadata.annotations[{COMPLETION_POLICY_ANNOTATION}]", ErrorType.INVALID, str(exc))
+            )
+    return errors
+
+
 def _creator_errors(request: AdmissionRequest, obj: Mapping[str, Any]) -> list[_FieldError]:
     """The creator labels must name the requesting user, as the mutating webhook sets them.
 
@@ -632,6 +668,7 @@ def _validate_create(
     if too_big:
         return _denied(too_big)
     errors: list[_FieldError] = _creator_errors(request, obj)
+    errors += _control_errors(obj)
     errors += _reserved_errors(obj, _templates(obj))
     components: dict[int, AppWrapperComponent] = {}
     for index, template in enumerate(_templates(obj)):
@@ -687,6 +724,7 @@ def _validate_update(request: AdmissionRequest) -> AdmissionResponse:
         for key in (USER_LABEL, USER_ID_LABEL)
         if old.get(key) != new.get(key)
     ]
+    errors += _control_errors(request.object)
     return _denied(errors) if errors else AdmissionResponse(allowed=True)
 
 

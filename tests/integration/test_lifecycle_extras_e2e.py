@@ -91,3 +91,29 @@ async def test_the_pods_of_the_second_attempt_carry_attempt_2(
     aw = get_appwrapper(kc, namespace, "again")
     assert aw is not None and aw["status"]["attempt"] == 2
     assert read_appwrapper(aw).resetting_count == 1
+
+
+async def test_the_stop_annotation_deletes_everything_and_ends_failed_stopped_without_retry(
+    testbed: Endpoints, namespace: str, lifecycle: ServiceProcess
+) -> None:
+    kc = testbed.kubeconfig
+    apply(kc, namespace, manifests.job_appwrapper("halt", pods=2, annotations=FAST_RESET))
+    await until("two running pods", lambda: running_pods(kc, namespace, "halt"), done=lambda p: len(p) == 2)
+
+    kubectl(kc, "annotate", "appwrapper", "halt", "-n", namespace, "respawn.dev/stop=true")
+    failed = await wait_phase(kc, namespace, "halt", "Failed", within=30)
+    assert read_appwrapper(failed).resetting_count == 0
+    final = await until(
+        "resources and quota released",
+        lambda: get_appwrapper(kc, namespace, "halt"),
+        done=lambda aw: read_appwrapper(aw).condition("QuotaReserved").get("status") == "False",
+        within=30,
+    )
+    assert read_appwrapper(final).condition("ResourcesDeployed")["status"] == "False"
+    assert read_appwrapper(final).phase == "Failed"
+    assert jobs(kc, namespace) == []
+    assert labelled_pods(kc, namespace, "halt") == []
+    messages = [e["message"] for e in events_of(kc, namespace, "halt") if e["reason"] == "Failed"]
+    assert any("respawn.dev/stop=true" in m for m in messages), messages
+    # Nothing retried: no reset was ever started.
+    assert "Resetting" not in {e["reason"] for e in events_of(kc, namespace, "halt")}

@@ -124,3 +124,85 @@ def test_pod_sets_of_later_components_are_numbered_after_those_of_earlier_ones()
     plan = reconcile(aw, Observed(), None, PARAMS, T0)
     labels = [c.body["spec"]["template"]["metadata"]["labels"]["respawn.dev/pod-set"] for c in of(plan, CreateComponent)]
     assert labels == ["0", "1"]
+
+
+# ------------------------------------------------------------------------------- stopping
+
+
+def stopped(aw: dict[str, Any], value: str = "true") -> dict[str, Any]:
+    aw["metadata"].setdefault("annotations", {})["respawn.dev/stop"] = value
+    return aw
+
+
+def test_stop_fails_a_running_workload_with_reason_stopped_and_deletes_without_retry() -> None:
+    from services.lifecycle.actions import DeleteComponent, PublishLifecycleEvent
+
+    aw = stopped(running())
+    at = T0 + timedelta(seconds=10)
+    plan = reconcile(aw, present(), None, PARAMS, at)
+    assert plan.phase == Phase.FAILED
+    (changed,) = [a.event for a in of(plan, PublishLifecycleEvent) if a.event.event == "PhaseChanged"]
+    assert changed.reason == "Stopped"
+    assert of(plan, DeleteComponent), "the components are deleted at once"
+    aw = apply(aw, plan)
+    assert aw["status"].get("resettingCount", 0) == 0
+    plan = reconcile(aw, gone(), None, PARAMS, at + timedelta(seconds=1))
+    aw = apply(aw, plan)
+    assert aw["status"]["phase"] == Phase.FAILED
+    deployed = [c for c in aw["status"]["conditions"] if c["type"] == "ResourcesDeployed"][0]
+    quota = [c for c in aw["status"]["conditions"] if c["type"] == "QuotaReserved"][0]
+    assert deployed["status"] == "False" and quota["status"] == "False"
+    assert not of(plan, CreateComponent)
+
+
+def test_stop_skips_the_deletion_on_failure_pause() -> None:
+    from dataclasses import replace
+
+    from services.lifecycle.actions import DeleteComponent
+
+    params = replace(PARAMS, deletion_on_failure_grace=timedelta(hours=1))
+    aw = stopped(running(params=params))
+    plan = reconcile(aw, present(), None, params, T0 + timedelta(seconds=10))
+    assert plan.phase == Phase.FAILED
+    assert of(plan, DeleteComponent)
+
+
+def test_stop_of_a_resetting_workload_ends_it_failed_instead_of_retrying() -> None:
+    aw = running()
+    at = T0 + timedelta(seconds=30)
+    aw = apply(aw, reconcile(aw, present(), verdict(at=at), PARAMS, at))
+    assert aw["status"]["phase"] == Phase.RESETTING
+    aw = stopped(aw)
+    later = at + PARAMS.retry_pause + timedelta(seconds=5)
+    plan = reconcile(aw, gone(), None, PARAMS, later)
+    aw = apply(aw, plan)
+    assert aw["status"]["phase"] == Phase.FAILED
+    plan = reconcile(aw, gone(), None, PARAMS, later + timedelta(seconds=5))
+    assert not of(plan, CreateComponent)
+
+
+def test_stop_of_a_suspended_workload_fails_it_without_creating_anything() -> None:
+    aw = stopped(appwrapper(suspend=True))
+    plan = reconcile(aw, Observed(), None, PARAMS, T0)
+    assert plan.phase == Phase.FAILED
+    assert not of(plan, CreateComponent)
+
+
+def test_stop_false_or_another_value_changes_nothing() -> None:
+    for value in ("false", "yes", "True"):
+        aw = stopped(running(), value)
+        plan = reconcile(aw, present(), None, PARAMS, T0 + timedelta(seconds=10))
+        assert plan.phase == Phase.RUNNING, value
+
+
+def test_stop_of_a_succeeded_workload_deletes_its_resources_before_the_ttl() -> None:
+    from services.lifecycle.actions import DeleteComponent
+
+    aw = running()
+    at = T0 + timedelta(seconds=30)
+    aw = apply(aw, reconcile(aw, present(), verdict("Succeeded", reason="Succeeded", at=at), PARAMS, at))
+    assert aw["status"]["phase"] == Phase.SUCCEEDED
+    assert not of(reconcile(aw, present(), None, PARAMS, at + timedelta(seconds=1)), DeleteComponent)
+    plan = reconcile(stopped(aw), present(), None, PARAMS, at + timedelta(seconds=1))
+    assert plan.phase == Phase.SUCCEEDED
+    assert of(plan, DeleteComponent)
