@@ -155,7 +155,7 @@ class PodObservation(Message):
     """Latest state of a pod labelled ``workload.codeflare.dev/appwrapper``."""
 
     KIND: ClassVar[str] = "observation.pod"
-    REVISION: ClassVar[int] = 1
+    REVISION: ClassVar[int] = 2
 
     ref: ObjectRef
     appwrapper: str
@@ -177,6 +177,9 @@ class PodObservation(Message):
     reason: str = ""
     message: str = ""
     conditions: tuple[PodConditionState, ...] = ()
+    # Revision 2: the pod's pod set (its respawn.dev/pod-set label, which lifecycle stamps on
+    # every pod template: the index among all the AppWrapper's pod sets), None when unlabelled.
+    pod_set: int | None = None
 
 
 class ComponentObservation(Message):

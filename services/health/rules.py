@@ -8,6 +8,9 @@ that applies decides):
 2. ``FailedComponent``: a wrapped batch/v1 Job or PyTorchJob reports Failed. Unhealthy at once;
    terminal if a failed pod has a terminal exit code.
 3. Success: at least the expected number of pods Succeeded and none pending, running or failed.
+   With a completion policy (``respawn.dev/completion-policy``): a failed pod counts only once
+   its pod set has ``minFailed`` failed pods (tolerated ones count as completed), and the
+   workload succeeds as soon as a pod set has ``minSucceeded`` succeeded pods.
 4. ``FoundFailedPods``: Unhealthy once FailureGracePeriod has passed since the earliest failure
    of a pod of this attempt; terminal if an exit code is terminal by the AppWrapper's policy.
 5. ``AutopilotNoExecute``: a Running pod uses a resource that Autopilot marks NoExecute on its
@@ -32,6 +35,7 @@ deleted) must not produce a second, different one. ``seq`` counts verdicts per A
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -40,6 +44,7 @@ from typing import Final
 from services.health.state import AppWrapperHealth, ComponentRecord, PodRecord, remember_published
 from services.health.view import AppWrapperView
 from shared.appwrapper.constants import Phase, Reason
+from shared.appwrapper.control import CompletionPolicy
 from shared.durations import format_go_duration
 from shared.kubetime import as_utc
 from shared.messages import Verdict, VerdictState
@@ -307,9 +312,14 @@ def assess(state: AppWrapperHealth, aw: AppWrapperView, now: datetime) -> Findin
     failed_components = [c for c in components if c.failed]
     if failed_components:
         return _failed_component(aw, failed_components, pods)
+    tolerated = 0
+    if aw.completion is not None:
+        pods, tolerated, by_policy = _completion(state, aw.completion, pods, aw.attempt_started_at)
+        if by_policy is not None and not pods.failed:
+            return by_policy
     if (
         aw.expected_pods is not None
-        and pods.succeeded >= aw.expected_pods
+        and pods.succeeded + tolerated >= aw.expected_pods
         and pods.pending + len(pods.running) + len(pods.failed) == 0
     ):
         return Finding(
@@ -322,7 +332,44 @@ def assess(state: AppWrapperHealth, aw: AppWrapperView, now: datetime) -> Findin
     no_execute = _no_execute(state, pods)
     if no_execute is not None:
         return no_execute
+    if tolerated and aw.expected_pods is not None:
+        # A failed pod the completion policy tolerates is done, not missing.
+        aw = dataclasses.replace(aw, expected_pods=max(aw.expected_pods - tolerated, 0))
     return _readiness(aw, pods, now)
+
+
+def _completion(
+    state: AppWrapperHealth, policy: CompletionPolicy, pods: _Pods, start: datetime | None
+) -> tuple[_Pods, int, Finding | None]:
+    """A completion policy applied (docs/lifecycle.md, "Completion policy"): the failed pods
+    that count (those of pod sets whose minFailed is reached), how many failed pods are
+    tolerated, and the Succeeded finding when a pod set's minSucceeded is reached."""
+    failed_by_set: dict[int | None, list[PodRecord]] = {}
+    for pod in pods.failed:
+        failed_by_set.setdefault(pod.pod_set, []).append(pod)
+    counted = [
+        pod
+        for pod_set, failed in failed_by_set.items()
+        if policy.failed_enough(pod_set, len(failed))
+        for pod in failed
+    ]
+    succeeded: dict[int, int] = {}
+    for pod in state.pods.values():
+        if pod.phase == "Succeeded" and pod.pod_set is not None and _in_attempt(pod.created_at, pod.observed_at, start):
+            succeeded[pod.pod_set] = succeeded.get(pod.pod_set, 0) + 1
+    finding = None
+    won = policy.succeeded_by(succeeded)
+    if won is not None:
+        finding = Finding(
+            state="Succeeded",
+            reason=REASON_SUCCEEDED,
+            message=(
+                f"{succeeded[won]} pods of pod set {won} succeeded (minSucceeded "
+                f"{policy.min_succeeded[won]} by the completion policy)"
+            ),
+        )
+    kept = tuple(sorted(counted, key=lambda p: p.name))
+    return dataclasses.replace(pods, failed=kept), len(pods.failed) - len(kept), finding
 
 
 def _judged(aw: AppWrapperView) -> bool:

@@ -57,6 +57,8 @@ class PodRecord:
     # When the pod failed (phase Failed): the latest container finishedAt, or else the
     # observation time of the first Failed observation of this pod.
     failed_at: datetime | None
+    # Its pod set (the respawn.dev/pod-set label), for a completion policy; None when unknown.
+    pod_set: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +148,7 @@ def _apply_pod(state: AppWrapperHealth, obs: PodObservation) -> AppWrapperHealth
             if not c.init and c.state == "terminated" and c.exit_code is not None and c.exit_code != 0
         ),
         failed_at=_failed_at(obs, previous),
+        pod_set=obs.pod_set,
     )
     return replace(state, pods=pods)
 

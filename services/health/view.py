@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from shared.appwrapper.constants import CONTROLLER_NAME, ConditionStatus, ConditionType
+from shared.appwrapper.control import CompletionPolicy, completion_policy
 from shared.appwrapper.model import AppWrapperFields, read_appwrapper, str_at
 from shared.appwrapper.params import (
     EffectiveParams,
@@ -49,6 +50,8 @@ class AppWrapperView:
     expected_pods: int | None = None
     params: EffectiveParams = field(default_factory=lambda: EffectiveParams(ft=FaultTolerance()))
     exit_codes: ExitCodePolicy = field(default_factory=ExitCodePolicy)
+    # The respawn.dev/completion-policy annotation; None: the default (all succeed, one fails).
+    completion: CompletionPolicy | None = None
     warnings: tuple[str, ...] = ()
 
 
@@ -70,7 +73,8 @@ def view_of(observation: AppWrapperObservation, defaults: FaultTolerance) -> App
     )
     params = effective_fault_tolerance(fields.annotations, defaults)
     exit_codes = exit_code_policy(fields.annotations)
-    warnings = [*params.warnings, *exit_codes.warnings]
+    completion, completion_warning = completion_policy(fields.annotations)
+    warnings = [*params.warnings, *exit_codes.warnings, *([completion_warning] if completion_warning else [])]
 
     expected: int | None
     try:
@@ -98,5 +102,6 @@ def view_of(observation: AppWrapperObservation, defaults: FaultTolerance) -> App
         expected_pods=expected,
         params=params,
         exit_codes=exit_codes,
+        completion=completion,
         warnings=tuple(warnings),
     )

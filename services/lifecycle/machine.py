@@ -100,7 +100,7 @@ from shared.appwrapper.constants import (
     Phase,
     Reason,
 )
-from shared.appwrapper.control import stop_requested
+from shared.appwrapper.control import completion_policy, stop_requested
 from shared.appwrapper.params import DELETION_ON_FAILURE_GRACE_PERIOD_ANNOTATION
 from shared.appwrapper.podsets import component_pod_sets, expected_pod_count
 from shared.config import NodeExclusionConfig
@@ -1043,8 +1043,15 @@ class _Reconciliation:
         else:
             since = self._since(ConditionType.RESOURCES_DEPLOYED)
         ttl = self.params.success_ttl
-        # A stop asks for the resources back now, not when the time to live runs out.
-        if self.now < since + ttl and not self.stopping:
+        # A stop asks for the resources back now, not when the time to live runs out; so does a
+        # completion policy met while pods still run (servers beside a launcher that succeeded:
+        # nothing would ever stop them). Once begun (DeletingResources True), deletion goes on.
+        early = (
+            self.stopping
+            or self._is_true(ConditionType.DELETING_RESOURCES)
+            or self._completed_by_policy()
+        )
+        if self.now < since + ttl and not early:
             self._requeue(since + ttl)
             return False
         if not self._delete_step():
@@ -1056,6 +1063,14 @@ class _Reconciliation:
             f"Time to live after success of {format_go_duration(ttl)} expired",
         )
         return False
+
+    def _completed_by_policy(self) -> bool:
+        """Succeeded by a completion policy while pods of the workload are still pending or running."""
+        annotations = _mapping(self.meta.get("annotations"))
+        policy, _ = completion_policy(annotations)
+        if policy is None or self.observed.pods is None:
+            return False
+        return any(p.phase in ("Pending", "Running") and not p.terminating for p in self.observed.pods)
 
     def _terminate(self) -> None:
         """The AppWrapper is being deleted: remove everything, then let it go."""

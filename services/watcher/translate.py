@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from shared import subjects
-from shared.appwrapper.constants import APPWRAPPER_LABEL
+from shared.appwrapper.constants import APPWRAPPER_LABEL, POD_SET_LABEL
 from shared.appwrapper.model import mapping_at, str_at
 from shared.appwrapper.podsets import component_pod_sets
 from shared.kubetime import parse_kube_time
@@ -157,7 +157,13 @@ def pod_observation(obj: dict[str, Any], *, deleted: bool, now: datetime) -> Pod
         reason=_text(status.get("reason")),
         message=_text(status.get("message")),
         conditions=_conditions(status),
+        pod_set=_pod_set(str_at(meta, "labels", POD_SET_LABEL)),
     )
+
+
+def _pod_set(label: str) -> int | None:
+    # Lifecycle writes a small decimal; anything else is no pod set at all.
+    return int(label) if label.isdigit() and len(label) <= 4 else None
 
 
 def _condition(status: dict[str, Any], ctype: str) -> dict[str, Any] | None:
@@ -722,7 +728,7 @@ def kept(obj: dict[str, Any], observation_kind: str) -> dict[str, Any]:
             return appwrapper_body(obj)
         out: dict[str, Any] = {k: obj[k] for k in ("apiVersion", "kind") if k in obj}
         if observation_kind == PodObservation.KIND:
-            out["metadata"] = _kept_metadata(meta, labels=(APPWRAPPER_LABEL,))
+            out["metadata"] = _kept_metadata(meta, labels=(APPWRAPPER_LABEL, POD_SET_LABEL))
             out.update(_kept_pod(obj))
         elif observation_kind == ComponentObservation.KIND:
             out["metadata"] = _kept_metadata(meta, labels=(APPWRAPPER_LABEL,))

@@ -117,3 +117,42 @@ async def test_the_stop_annotation_deletes_everything_and_ends_failed_stopped_wi
     assert any("respawn.dev/stop=true" in m for m in messages), messages
     # Nothing retried: no reset was ever started.
     assert "Resetting" not in {e["reason"] for e in events_of(kc, namespace, "halt")}
+
+
+async def test_a_launcher_plus_servers_workload_succeeds_when_the_launcher_succeeds(
+    testbed: Endpoints, namespace: str, lifecycle: ServiceProcess
+) -> None:
+    kc = testbed.kubeconfig
+    launcher = manifests.job(
+        "launcher",
+        pods=1,
+        backoffLimit=0,
+        template=manifests.pod_template(annotations={sim.SUCCEED_AFTER: "3s"}),
+    )
+    # The servers run until someone stops them.
+    servers = manifests.job("servers", pods=2, backoffLimit=0, template=manifests.pod_template())
+    annotations = {**FAST_RESET, "respawn.dev/completion-policy": '{"0": {"minSucceeded": 1}}'}
+    aw = manifests.appwrapper(
+        "serve", manifests.component(launcher), manifests.component(servers), annotations=annotations
+    )
+    apply(kc, namespace, aw)
+    running = await until(
+        "the launcher and two servers running",
+        lambda: running_pods(kc, namespace, "serve"),
+        done=lambda p: len(p) == 3,
+    )
+    sets = sorted(p["metadata"]["labels"]["respawn.dev/pod-set"] for p in running)
+    assert sets == ["0", "1", "1"]
+
+    done = await wait_phase(kc, namespace, "serve", "Succeeded", within=40)
+    assert read_appwrapper(done).resetting_count == 0
+    # The servers are not left running: everything is deleted, as after a success's time to live.
+    final = await until(
+        "the servers deleted",
+        lambda: get_appwrapper(kc, namespace, "serve"),
+        done=lambda aw: read_appwrapper(aw).condition("ResourcesDeployed").get("status") == "False",
+        within=40,
+    )
+    assert read_appwrapper(final).phase == "Succeeded"
+    assert jobs(kc, namespace) == []
+    assert labelled_pods(kc, namespace, "serve") == []

@@ -90,7 +90,9 @@ def test_admission_refuses_a_bad_stop_value_and_a_bad_policy_with_the_reason() -
 
 
 def test_admission_accepts_good_values_and_checks_them_on_update_too() -> None:
-    good = annotated(**{"respawn.dev/stop": "false", "respawn.dev/completion-policy": '{"1": {"minSucceeded": 1}}'})
+    good = annotated(
+        **{"respawn.dev/stop": "false", "respawn.dev/completion-policy": '{"1": {"minSucceeded": 1}}'}
+    )
     request = validating(good)
     assert validation_response(request, allow_all(request)).allowed
     old = mutated(good)

@@ -109,7 +109,9 @@ def test_a_users_own_variable_of_the_same_name_is_kept() -> None:
             ]
         }
     }
-    out = hook(PodTemplateContext(appwrapper={}, component_index=1, pod_set_index=1, path="template"), template)
+    out = hook(
+        PodTemplateContext(appwrapper={}, component_index=1, pod_set_index=1, path="template"), template
+    )
     assert out["spec"]["containers"][0]["env"] == [
         {"name": "RESPAWN_ATTEMPT", "value": "mine"},
         {"name": "RESPAWN_ATTEMPT_ID", "value": "u-3"},
@@ -122,7 +124,10 @@ def test_a_users_own_variable_of_the_same_name_is_kept() -> None:
 def test_pod_sets_of_later_components_are_numbered_after_those_of_earlier_ones() -> None:
     aw = appwrapper(components=[{"template": job("a")}, {"template": job("b")}])
     plan = reconcile(aw, Observed(), None, PARAMS, T0)
-    labels = [c.body["spec"]["template"]["metadata"]["labels"]["respawn.dev/pod-set"] for c in of(plan, CreateComponent)]
+    labels = [
+        c.body["spec"]["template"]["metadata"]["labels"]["respawn.dev/pod-set"]
+        for c in of(plan, CreateComponent)
+    ]
     assert labels == ["0", "1"]
 
 
@@ -206,3 +211,43 @@ def test_stop_of_a_succeeded_workload_deletes_its_resources_before_the_ttl() -> 
     plan = reconcile(stopped(aw), present(), None, PARAMS, at + timedelta(seconds=1))
     assert plan.phase == Phase.SUCCEEDED
     assert of(plan, DeleteComponent)
+
+
+# ---------------------------------------------------------------------- completion policy
+
+
+def test_success_by_completion_policy_deletes_the_pods_still_running_at_once() -> None:
+    from services.lifecycle.actions import DeleteComponent
+    from services.lifecycle.observed import ObservedPod
+
+    aw = running()
+    aw["metadata"]["annotations"] = {"respawn.dev/completion-policy": '{"0": {"minSucceeded": 1}}'}
+    at = T0 + timedelta(seconds=30)
+    pods = [ObservedPod("launcher", "Succeeded"), ObservedPod("server", "Running")]
+    plan = reconcile(aw, present(pods=pods), verdict("Succeeded", reason="Succeeded", at=at), PARAMS, at)
+    assert plan.phase == Phase.SUCCEEDED
+    assert of(plan, DeleteComponent), "the servers are not left running until the time to live"
+    aw = apply(aw, plan)
+    # Later passes see the pods terminating, and the deletion goes on to the end.
+    terminating = [
+        ObservedPod("launcher", "Succeeded", terminating=True),
+        ObservedPod("server", "Running", terminating=True),
+    ]
+    plan = reconcile(aw, present(pods=terminating), None, PARAMS, at + timedelta(seconds=2))
+    assert plan.requeue_at is not None and plan.requeue_at < at + timedelta(minutes=1)
+    aw = apply(aw, plan)
+    aw = apply(aw, reconcile(aw, gone(), None, PARAMS, at + timedelta(seconds=3)))
+    deployed = [c for c in aw["status"]["conditions"] if c["type"] == "ResourcesDeployed"][0]
+    assert deployed["status"] == "False"
+
+
+def test_without_a_policy_a_succeeded_workload_keeps_its_resources_for_the_ttl() -> None:
+    from services.lifecycle.actions import DeleteComponent
+    from services.lifecycle.observed import ObservedPod
+
+    aw = running()
+    at = T0 + timedelta(seconds=30)
+    pods = [ObservedPod("a", "Succeeded"), ObservedPod("b", "Running")]
+    plan = reconcile(aw, present(pods=pods), verdict("Succeeded", reason="Succeeded", at=at), PARAMS, at)
+    assert plan.phase == Phase.SUCCEEDED
+    assert not of(plan, DeleteComponent)
