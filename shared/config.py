@@ -120,6 +120,13 @@ class FaultToleranceConfig(_Section):
     success_ttl: Duration = Field(default=timedelta(days=7), alias="successTTLCeiling")
     # Respawn addition, no upstream equivalent: see FaultTolerance.recreate_delay.
     recreate_delay: Duration = timedelta(seconds=2)
+    # Respawn additions, no upstream equivalent: exponential retry pause (off: upstream's fixed
+    # pause). See FaultTolerance.retry_pause_backoff.
+    retry_pause_backoff: bool = False
+    retry_pause_maximum: Duration = timedelta(minutes=30)
+    retry_pause_jitter: float = Field(default=0.0, ge=0.0, le=1.0)
+    # Respawn addition: see FaultTolerance.consistency_mode.
+    consistency_mode: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> FaultToleranceConfig:
@@ -162,6 +169,10 @@ class FaultToleranceConfig(_Section):
             success_ttl=self.success_ttl,
             grace_period_maximum=self.grace_period_ceiling,
             recreate_delay=self.recreate_delay,
+            retry_pause_backoff=self.retry_pause_backoff,
+            retry_pause_maximum=self.retry_pause_maximum,
+            retry_pause_jitter=self.retry_pause_jitter,
+            consistency_mode=self.consistency_mode,
         )
 
 

@@ -27,3 +27,12 @@ class FaultTolerance:
     recreate_delay: timedelta = timedelta(seconds=2)
     # Upper bound on every grace period, including ones set by annotations.
     grace_period_maximum: timedelta = timedelta(hours=24)
+    # Respawn addition (operator-level only), off by default: the retry pause doubles with every
+    # reset (retry_pause * 2^(n-1) for the n-th), times 1 + up to retry_pause_jitter, never above
+    # retry_pause_maximum (nor below retry_pause). See docs/configuration.md.
+    retry_pause_backoff: bool = False
+    retry_pause_maximum: timedelta = timedelta(minutes=30)
+    retry_pause_jitter: float = 0.0
+    # Respawn addition (operator-level only), off by default: never force-delete a pod on a node
+    # that does not answer (FrameworkController's consistency guarantee). See docs/lifecycle.md.
+    consistency_mode: bool = False

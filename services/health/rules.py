@@ -355,7 +355,11 @@ def _completion(
     ]
     succeeded: dict[int, int] = {}
     for pod in state.pods.values():
-        if pod.phase == "Succeeded" and pod.pod_set is not None and _in_attempt(pod.created_at, pod.observed_at, start):
+        if (
+            pod.phase == "Succeeded"
+            and pod.pod_set is not None
+            and _in_attempt(pod.created_at, pod.observed_at, start)
+        ):
             succeeded[pod.pod_set] = succeeded.get(pod.pod_set, 0) + 1
     finding = None
     won = policy.succeeded_by(succeeded)

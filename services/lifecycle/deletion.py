@@ -44,12 +44,12 @@ from services.lifecycle.conditions import (
     set_condition,
     transition_time,
 )
-from services.lifecycle.observed import Observed, Presence
+from services.lifecycle.observed import Observed, ObservedNode, ObservedPod, Presence
 from shared.appwrapper.constants import ComponentReason, ConditionStatus, ConditionType, Reason
 from shared.durations import format_go_duration
 from shared.kubetime import as_utc
 
-__all__ = ["DELETION_POLL", "FORCEFUL_MESSAGE_PREFIX", "DeletionStep", "staged_deletion"]
+__all__ = ["DELETION_POLL", "FORCEFUL_MESSAGE_PREFIX", "DeletionStep", "staged_deletion", "unreachable_pods"]
 
 # How soon to look again while a deletion is in progress, in case an observation that would
 # wake the service is lost; progress is normally driven by observations, not by this poll.
@@ -94,6 +94,15 @@ def _delete(
     )
 
 
+def unreachable_pods(pods: Sequence[ObservedPod], nodes: Sequence[ObservedNode] | None) -> frozenset[str]:
+    """The pods (by name) on a node that exists but is not Ready; with the nodes unknown, every
+    pod that is bound to a node (it cannot be told that its node answers)."""
+    if nodes is None:
+        return frozenset(p.name for p in pods if p.node)
+    by_name = {n.name: n for n in nodes}
+    return frozenset(p.name for p in pods if p.node and p.node in by_name and not by_name[p.node].ready)
+
+
 def staged_deletion(
     status: Mapping[str, Any],
     *,
@@ -102,8 +111,15 @@ def staged_deletion(
     forceful_grace: timedelta,
     now: datetime,
     observed_generation: int | None = None,
+    consistency: bool = False,
 ) -> DeletionStep:
-    """One step of staged deletion over the AppWrapper ``status`` (which is not modified)."""
+    """One step of staged deletion over the AppWrapper ``status`` (which is not modified).
+
+    ``consistency`` (``faultTolerance.consistencyMode``): a pod on a node that does not answer
+    (not Ready, or not known to be Ready because the nodes were not read) is never deleted with
+    grace period 0, since its containers may still run there; the deletion waits until the node
+    answers (its kubelet then confirms the graceful deletion) or the node object is deleted (the
+    garbage collector then removes its pods). So at most one instance of a pod ever runs."""
     now = as_utc(now)
     conditions: Sequence[Any] = status.get("conditions") or []
     if not is_true(conditions, ConditionType.DELETING_RESOURCES):
@@ -200,8 +216,11 @@ def staged_deletion(
             False, list(conditions), entries, tuple(actions), min(deadline, poll), foreign=seen_foreign
         )
 
+    held = unreachable_pods(pods, observed.nodes) if consistency else frozenset()
     if pods:
-        actions.append(DeletePods(namespace=namespace, names=tuple(p.name for p in pods), force=True))
+        forced = tuple(p.name for p in pods if p.name not in held)
+        if forced:
+            actions.append(DeletePods(namespace=namespace, names=forced, force=True))
     else:
         actions.extend(
             _delete(index, entry, namespace, name, uid, force=True)
@@ -215,6 +234,8 @@ def staged_deletion(
         f"{len(pods)} pods ({stuck} stuck terminating) and {len(remaining)} components left after "
         f"ForcefulDeletionGracePeriod of {format_go_duration(forceful_grace)}"
     )
+    if held:
+        summary += f"; {len(held)} pods on unreachable nodes wait for their node (consistency mode)"
     if escalated:
         conditions = set_condition(
             conditions,

@@ -55,6 +55,7 @@ from services.lifecycle.actions import (
 )
 from services.lifecycle.announcements import FORCEFUL_DELETION_EVENT
 from services.lifecycle.attempts import attempt_hook, attempt_of, next_attempt
+from services.lifecycle.backoff import retry_pause
 from services.lifecycle.conditions import (
     clear_condition,
     condition_status,
@@ -544,6 +545,7 @@ class _Reconciliation:
             forceful_grace=self.params.forceful_deletion_grace,
             now=self.now,
             observed_generation=self.generation,
+            consistency=self.params.consistency_mode,
         )
         self.status["conditions"] = step.conditions
         if step.component_status or "componentStatus" in self.status:
@@ -947,7 +949,7 @@ class _Reconciliation:
             marked = self._since(ConditionType.UNHEALTHY)
         else:
             marked = self._since(ConditionType.RESOURCES_DEPLOYED)
-        deadline = marked + self.params.retry_pause
+        deadline = marked + retry_pause(self.params, str(self.meta.get("uid", "")), attempt_of(self.status))
         # Never recreate the components the moment the old ones are gone, whatever the pause:
         # controllers that work from a cache (the Kubeflow training operator) lag behind the
         # deletion by up to a second or so under load, and can still act on the deleted object
@@ -1047,9 +1049,7 @@ class _Reconciliation:
         # completion policy met while pods still run (servers beside a launcher that succeeded:
         # nothing would ever stop them). Once begun (DeletingResources True), deletion goes on.
         early = (
-            self.stopping
-            or self._is_true(ConditionType.DELETING_RESOURCES)
-            or self._completed_by_policy()
+            self.stopping or self._is_true(ConditionType.DELETING_RESOURCES) or self._completed_by_policy()
         )
         if self.now < since + ttl and not early:
             self._requeue(since + ttl)

@@ -110,6 +110,8 @@ class ObservedPod:
     uid: str = ""
     # Its controller owner reference, the first link of the chain that makes it the AppWrapper's.
     controller: OwnerLink | None = None
+    # spec.nodeName: where it runs ("" while unscheduled), for the consistency mode of deletion.
+    node: str = ""
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> ObservedPod:
@@ -121,6 +123,7 @@ class ObservedPod:
             terminating=bool(meta.get("deletionTimestamp")),
             uid=str(meta.get("uid") or ""),
             controller=controller_link(pod),
+            node=str(_mapping(pod.get("spec")).get("nodeName") or ""),
         )
 
 

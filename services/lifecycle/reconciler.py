@@ -188,8 +188,9 @@ class Reconciler:
             # Nodes matter only to a reset after failed pods, i.e. with an Unhealthy verdict in
             # hand (they come from the node cache, free; a LIST only before it has synced).
             unhealthy = verdict is not None and verdict.state == "Unhealthy"
+            # The consistency mode of deletion needs them too: which pods' nodes answer.
             observed = await self.reader.observe(
-                aw, created, pods=not quick, components=not quick, nodes=unhealthy
+                aw, created, pods=not quick, components=not quick, nodes=unhealthy or params.consistency_mode
             )
             t_decide = time.perf_counter()
             now = self.clock()

@@ -303,7 +303,12 @@ async def main(rt: Runtime) -> None:
         rt,
         appwrappers=await resolve(kube, API_VERSION, KIND),
         pods=await resolve(kube, "v1", "Pod"),
-        nodes=await resolve(kube, "v1", "Node") if rt.config.node_exclusion.enabled else None,
+        # Read for node exclusion, and for the consistency mode of deletion (which pods' nodes answer).
+        nodes=(
+            await resolve(kube, "v1", "Node")
+            if rt.config.node_exclusion.enabled or rt.config.fault_tolerance.consistency_mode
+            else None
+        ),
     )
     await lifecycle.run()
 

@@ -622,13 +622,17 @@ def _control_errors(obj: Mapping[str, Any] | None) -> list[_FieldError]:
         try:
             parse_stop(annotations[STOP_ANNOTATION])
         except ValueError as exc:
-            errors.append(_FieldError(f"metadata.annotations[{STOP_ANNOTATION}]", ErrorType.INVALID, str(exc)))
+            errors.append(
+                _FieldError(f"metadata.annotations[{STOP_ANNOTATION}]", ErrorType.INVALID, str(exc))
+            )
     if COMPLETION_POLICY_ANNOTATION in annotations:
         try:
             parse_completion_policy(annotations[COMPLETION_POLICY_ANNOTATION], _pod_set_count(obj))
         except ValueError as exc:
             errors.append(
-                _FieldError(f"metadata.annotations[{COMPLETION_POLICY_ANNOTATION}]", ErrorType.INVALID, str(exc))
+                _FieldError(
+                    f"metadata.annotations[{COMPLETION_POLICY_ANNOTATION}]", ErrorType.INVALID, str(exc)
+                )
             )
     return errors
 

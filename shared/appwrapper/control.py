@@ -45,7 +45,7 @@ def parse_stop(value: object) -> bool:
     """What a ``respawn.dev/stop`` value asks for; ValueError for anything but "true"/"false"."""
     if isinstance(value, str) and value in _STOP_VALUES:
         return _STOP_VALUES[value]
-    raise ValueError(f"{STOP_ANNOTATION} must be \"true\" or \"false\", got {value!r}")
+    raise ValueError(f'{STOP_ANNOTATION} must be "true" or "false", got {value!r}')
 
 
 def stop_requested(metadata: Mapping[str, Any]) -> bool:
@@ -111,8 +111,7 @@ def parse_completion_policy(text: object, pod_sets: int | None = None) -> Comple
         raise ValueError(f"{what} is not valid JSON or YAML: {first}") from None
     if not isinstance(loaded, Mapping):
         raise ValueError(
-            f"{what} must be an object keyed by pod set index, e.g. "
-            '{"0": {"minSucceeded": 1}}'
+            f'{what} must be an object keyed by pod set index, e.g. {{"0": {{"minSucceeded": 1}}}}'
         )
     limit = MAX_POD_SETS if pod_sets is None else pod_sets
     min_succeeded: dict[int, int] = {}
@@ -123,15 +122,15 @@ def parse_completion_policy(text: object, pod_sets: int | None = None) -> Comple
             raise ValueError(f"{what}: {key!r} is not a pod set index (0, 1, ...)")
         index = int(index_text)
         if index >= limit:
-            raise ValueError(
-                f"{what}: pod set {index} does not exist (the AppWrapper has {limit} pod sets)"
-            )
+            raise ValueError(f"{what}: pod set {index} does not exist (the AppWrapper has {limit} pod sets)")
         where = f"{what}: pod set {index}"
         if not isinstance(entry, Mapping) or not entry:
             raise ValueError(f"{where} must be an object with minSucceeded and/or minFailed")
         unknown = sorted(str(k) for k in entry if k not in _POLICY_KEYS)
         if unknown:
-            raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)} (allowed: minSucceeded, minFailed)")
+            raise ValueError(
+                f"{where}: unknown key(s) {', '.join(unknown)} (allowed: minSucceeded, minFailed)"
+            )
         if "minSucceeded" in entry:
             min_succeeded[index] = _count(entry["minSucceeded"], f"{where} minSucceeded")
         if "minFailed" in entry:
