@@ -37,6 +37,7 @@ resync must reconcile because they have work or a clock pending.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
@@ -995,10 +996,8 @@ class _Reconciliation:
             return
         if self.phase == Phase.EMPTY:
             # Recorded as for any new AppWrapper, so the status says what it would have deployed.
-            try:
+            with contextlib.suppress(ValueError):
                 self.status["componentStatus"] = [self._fresh_entry(i) for i in range(len(self.components))]
-            except ValueError:
-                pass
         self._fail(Reason.STOPPED, f"Stopped: the AppWrapper has the annotation {STOP_ANNOTATION}=true")
 
     def _failed(self) -> bool:

@@ -154,8 +154,8 @@ def test_stop_fails_a_running_workload_with_reason_stopped_and_deletes_without_r
     plan = reconcile(aw, gone(), None, PARAMS, at + timedelta(seconds=1))
     aw = apply(aw, plan)
     assert aw["status"]["phase"] == Phase.FAILED
-    deployed = [c for c in aw["status"]["conditions"] if c["type"] == "ResourcesDeployed"][0]
-    quota = [c for c in aw["status"]["conditions"] if c["type"] == "QuotaReserved"][0]
+    deployed = next(c for c in aw["status"]["conditions"] if c["type"] == "ResourcesDeployed")
+    quota = next(c for c in aw["status"]["conditions"] if c["type"] == "QuotaReserved")
     assert deployed["status"] == "False" and quota["status"] == "False"
     assert not of(plan, CreateComponent)
 
@@ -237,7 +237,7 @@ def test_success_by_completion_policy_deletes_the_pods_still_running_at_once() -
     assert plan.requeue_at is not None and plan.requeue_at < at + timedelta(minutes=1)
     aw = apply(aw, plan)
     aw = apply(aw, reconcile(aw, gone(), None, PARAMS, at + timedelta(seconds=3)))
-    deployed = [c for c in aw["status"]["conditions"] if c["type"] == "ResourcesDeployed"][0]
+    deployed = next(c for c in aw["status"]["conditions"] if c["type"] == "ResourcesDeployed")
     assert deployed["status"] == "False"
 
 
