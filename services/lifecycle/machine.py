@@ -859,6 +859,9 @@ class _Reconciliation:
                 self.observed.count_pods()[2] if self.observed.pods is not None else self._expected_pods()
             )
             message = f"{succeeded} pods succeeded and no running, pending, or failed pods"
+            if verdict.message and completion_policy(_mapping(self.meta.get("annotations")))[0] is not None:
+                # Success by a completion policy: other pods may still run; health's message says why.
+                message = verdict.message
             self._set(ConditionType.QUOTA_RESERVED, ConditionStatus.FALSE, Reason.SUCCEEDED, message)
             self._set(ConditionType.RESOURCES_DEPLOYED, ConditionStatus.TRUE, Reason.SUCCEEDED, message)
             self._transition(Phase.SUCCEEDED, message, reason=verdict.reason or Reason.SUCCEEDED)

@@ -224,8 +224,14 @@ def test_success_by_completion_policy_deletes_the_pods_still_running_at_once() -
     aw["metadata"]["annotations"] = {"respawn.dev/completion-policy": '{"0": {"minSucceeded": 1}}'}
     at = T0 + timedelta(seconds=30)
     pods = [ObservedPod("launcher", "Succeeded"), ObservedPod("server", "Running")]
-    plan = reconcile(aw, present(pods=pods), verdict("Succeeded", reason="Succeeded", at=at), PARAMS, at)
+    said = "1 pods of pod set 0 succeeded (minSucceeded 1 by the completion policy)"
+    plan = reconcile(
+        aw, present(pods=pods), verdict("Succeeded", reason="Succeeded", at=at, message=said), PARAMS, at
+    )
     assert plan.phase == Phase.SUCCEEDED
+    assert plan.status is not None
+    quota = next(c for c in plan.status["conditions"] if c["type"] == "QuotaReserved")
+    assert quota["message"] == said
     assert of(plan, DeleteComponent), "the servers are not left running until the time to live"
     aw = apply(aw, plan)
     # Later passes see the pods terminating, and the deletion goes on to the end.
