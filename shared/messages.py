@@ -155,7 +155,7 @@ class PodObservation(Message):
     """Latest state of a pod labelled ``workload.codeflare.dev/appwrapper``."""
 
     KIND: ClassVar[str] = "observation.pod"
-    REVISION: ClassVar[int] = 1
+    REVISION: ClassVar[int] = 2
 
     ref: ObjectRef
     appwrapper: str
@@ -177,6 +177,9 @@ class PodObservation(Message):
     reason: str = ""
     message: str = ""
     conditions: tuple[PodConditionState, ...] = ()
+    # Revision 2: the pod's ``respawn.dev/heartbeat`` annotation as written (at most 64
+    # characters; "" when absent), the progress heartbeat of docs/failures.md.
+    heartbeat: str = ""
 
 
 class ComponentObservation(Message):
