@@ -186,10 +186,12 @@ def _track(
 
     A storm is a rise by at least K = ``policy.storm_restarts`` within W = ``policy.storm_window``:
     for some time t, the count first seen at t exceeds the count in force at t - W (the latest
-    seen at or before it; the earliest seen when none is that old) by K or more. Checking at each
-    new count suffices, because the count only rises then. The pod's creation stands for a count
-    of 0, so that a restarted health instance, which sees only the latest observation of a pod,
-    still knows how fast a young pod's count rose.
+    seen at or before it; the earliest seen when none is that old) by K or more: the restarts are
+    taken to have happened when their count was first seen, as the watch reports every change
+    of a pod. Checking at each new count suffices, because the count only rises then. For a pod
+    first seen within W of its creation, the creation stands for a count of 0: a restarted health
+    instance sees only the latest observation of a pod, and still knows that a young pod's
+    restarts all fell within W.
     """
     count = c.restart_count
     crash_loop = c.state == "waiting" and c.reason == "CrashLoopBackOff"
@@ -202,7 +204,7 @@ def _track(
     if previous is None or count < previous.restart_count:
         # First seen (or a count that went down, which only a new container can do): a baseline.
         samples: tuple[tuple[datetime, int], ...] = ((at, count),)
-        if count > 0 and created_at is not None and created_at <= at:
+        if count > 0 and created_at is not None and at - policy.storm_window <= created_at <= at:
             samples = ((created_at, 0), (at, count))
         storm = None
     else:
