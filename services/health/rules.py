@@ -18,8 +18,9 @@ that applies decides):
    a grace period would give; or a container has been waiting in CrashLoopBackOff (at one
    restart count) for FailureGracePeriod (``health.crashLoopBackOff``). The pod phase may well
    stay Running (``restartPolicy: OnFailure``), so this comes before the readiness check, whose
-   verdict would be less precise and later. Failure class ``Unknown``, code ``RestartStorm`` or
-   ``CrashLoopBackOff``.
+   verdict would be less precise and later (except that a back-off wait still inside its grace
+   period does not hold back a readiness verdict already due). Failure class ``Unknown``, code
+   ``RestartStorm`` or ``CrashLoopBackOff``.
 7. ``InsufficientPodsReady``: not all expected pods exist (Pending or later) by
    AdmissionGracePeriod, or not all are Running/Succeeded by WarmupGracePeriod, both measured
    from the attempt's deployment (ResourcesDeployed's transition time), and still so once a
@@ -476,9 +477,11 @@ def assess(state: AppWrapperHealth, aw: AppWrapperView, now: datetime) -> Findin
     if no_execute is not None:
         return no_execute
     storm = _restart_storm(state, aw, now)
-    if storm is not None:
-        return storm
     readiness = _readiness(aw, pods, now)
+    if storm is not None:
+        # A back-off wait inside its grace period does not hold back a readiness check that is
+        # already due.
+        return readiness if storm.state == "Healthy" and readiness.state == "Unhealthy" else storm
     if readiness.reason or readiness.next_check is not None:
         return readiness
     return _stalled(state, aw, pods, now) or readiness

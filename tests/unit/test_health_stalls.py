@@ -454,3 +454,10 @@ def test_a_heartbeat_refresh_publishes_no_verdict() -> None:
     again = evaluate(refreshed, T0 + 2 * MIN)
     assert again.verdict is None
     assert again.next_deadline == T0 + 7 * MIN
+
+
+def test_a_back_off_wait_in_its_grace_period_does_not_hold_back_a_due_readiness_verdict() -> None:
+    state = fold([aw_obs(), crash_loop("p1", 1, T0 + 6 * MIN + 30 * SEC)])
+    v = evaluate(state, T0 + 6 * MIN + 40 * SEC).verdict
+    assert v is not None
+    assert (v.state, v.reason) == ("Unhealthy", "InsufficientPodsReady")
