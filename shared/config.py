@@ -40,6 +40,7 @@ from shared.durations import format_go_duration, parse_go_duration
 from shared.failures import failure_table
 from shared.failures.patterns import FailurePattern
 from shared.faulttolerance import FaultTolerance
+from shared.stalls import MAX_STORM_RESTARTS, StallDefaults
 
 if TYPE_CHECKING:
     from shared.bus import StreamLimits, TlsFiles
@@ -52,6 +53,7 @@ __all__ = [
     "ConfigError",
     "FailuresConfig",
     "FaultToleranceConfig",
+    "HealthConfig",
     "NatsConfig",
     "NodeExclusionConfig",
     "OperatorConfig",
@@ -471,6 +473,31 @@ class FailuresConfig(_Section):
         return failure_table(self.patterns, replace_defaults=self.replace_default_patterns)
 
 
+class HealthConfig(_Section):
+    """Restart storms (docs/failures.md#restart-storms); AppWrappers override them by annotation."""
+
+    # A container whose restart count rises by at least this many within restartStormWindow
+    # makes its workload Unhealthy (RestartStorm); 0 turns the count off.
+    restart_storm_restarts: int = Field(default=5, ge=0, le=MAX_STORM_RESTARTS)
+    restart_storm_window: Duration = timedelta(minutes=10)
+    # A container waiting in CrashLoopBackOff for longer than the failure grace period does too.
+    crash_loop_back_off: bool = Field(default=True, alias="crashLoopBackOff")
+
+    @field_validator("restart_storm_window")
+    @classmethod
+    def _positive_window(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("must be positive")
+        return value
+
+    def stall_defaults(self) -> StallDefaults:
+        return StallDefaults(
+            storm_restarts=self.restart_storm_restarts,
+            storm_window=self.restart_storm_window,
+            crash_loop_backoff=self.crash_loop_back_off,
+        )
+
+
 class ScalingConfig(_Section):
     """How the replicas of a service split the work (docs/scaling.md)."""
 
@@ -501,6 +528,7 @@ class OperatorConfig(_Section):
     watcher: WatcherConfig = Field(default_factory=WatcherConfig)
     scaling: ScalingConfig = Field(default_factory=ScalingConfig)
     failures: FailuresConfig = Field(default_factory=FailuresConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
     # Kueue local queue put on AppWrappers that name none; empty leaves them alone.
     default_queue_name: str = ""
     nats: NatsConfig = Field(default_factory=NatsConfig)

@@ -155,7 +155,7 @@ class PodObservation(Message):
     """Latest state of a pod labelled ``workload.codeflare.dev/appwrapper``."""
 
     KIND: ClassVar[str] = "observation.pod"
-    REVISION: ClassVar[int] = 2
+    REVISION: ClassVar[int] = 3
 
     ref: ObjectRef
     appwrapper: str
@@ -180,6 +180,9 @@ class PodObservation(Message):
     # Revision 2: the pod's pod set (its respawn.dev/pod-set label, which lifecycle stamps on
     # every pod template: the index among all the AppWrapper's pod sets), None when unlabelled.
     pod_set: int | None = None
+    # Revision 3: the pod's ``respawn.dev/heartbeat`` annotation as written (at most 64
+    # characters; "" when absent), the progress heartbeat of docs/failures.md.
+    heartbeat: str = ""
 
 
 class ComponentObservation(Message):

@@ -15,12 +15,28 @@ that applies decides):
    of a pod of this attempt; terminal if an exit code is terminal by the AppWrapper's policy.
 5. ``AutopilotNoExecute``: a Running pod uses a resource that Autopilot marks NoExecute on its
    node. Unhealthy at once, ``counts_toward_retry=False``, the nodes listed.
-6. ``InsufficientPodsReady``: not all expected pods exist (Pending or later) by
+6. ``RestartStorm`` (Respawn's own): a container of a pod of this attempt restarted at least K
+   times within W (``respawn.dev/restart-storm``, default ``health.restartStormRestarts`` /
+   ``health.restartStormWindow``): Unhealthy at once, as the kubelet's restarts were the chances
+   a grace period would give; or a container has been waiting in CrashLoopBackOff (at one
+   restart count) for FailureGracePeriod (``health.crashLoopBackOff``). The pod phase may well
+   stay Running (``restartPolicy: OnFailure``), so this comes before the readiness check, whose
+   verdict would be less precise and later (except that a back-off wait still inside its grace
+   period does not hold back a readiness verdict already due). Failure class ``Unknown``, code
+   ``RestartStorm`` or ``CrashLoopBackOff``.
+7. ``InsufficientPodsReady``: not all expected pods exist (Pending or later) by
    AdmissionGracePeriod, or not all are Running/Succeeded by WarmupGracePeriod, both measured
    from the attempt's deployment (ResourcesDeployed's transition time), and still so once a
    further FailureGracePeriod has passed. Upstream's code resets right at the admission/warmup
    deadline; the fault-tolerance specification says the pod-level conditions get the
    FailureGracePeriod too, and Respawn follows the specification (see docs/verdicts.md).
+8. ``Stalled`` (Respawn's own, opt-in by ``respawn.dev/heartbeat-timeout``): every expected pod
+   is Running and no ``respawn.dev/heartbeat`` (on the AppWrapper or a pod of this attempt) is
+   newer than the timeout, counted from the newest heartbeat or, if later, from when the last pod
+   became Running. Last because it only means something once the workload is up. A heartbeat is
+   never taken as later than when it was first seen, so a clock far ahead cannot keep a workload
+   alive. Unhealthy with no further grace (the timeout is the grace); class ``Unknown``, code
+   ``Stalled``.
 
 While a condition is inside its grace period the verdict is Healthy but names the condition
 (``reason``), when it was first seen and its ``deadline``. Nothing is judged unless the
@@ -41,16 +57,28 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
 
-from services.health.state import AppWrapperHealth, ComponentRecord, PodRecord, remember_published
+from services.health.state import (
+    AppWrapperHealth,
+    ComponentRecord,
+    ContainerRestarts,
+    PodRecord,
+    remember_published,
+)
 from services.health.view import AppWrapperView
 from shared.appwrapper.constants import Phase, Reason
 from shared.appwrapper.control import CompletionPolicy
 from shared.durations import format_go_duration
 from shared.kubetime import as_utc
 from shared.messages import Verdict, VerdictState
+from shared.stalls import parse_heartbeat
 
 __all__ = [
+    "CODE_CRASH_LOOP_BACK_OFF",
+    "CODE_RESTART_STORM",
+    "CODE_STALLED",
     "REASON_APPWRAPPER_DELETED",
+    "REASON_RESTART_STORM",
+    "REASON_STALLED",
     "REASON_SUCCEEDED",
     "Decision",
     "Finding",
@@ -64,6 +92,14 @@ __all__ = [
 REASON_SUCCEEDED: Final = str(Reason.SUCCEEDED)
 # Respawn's own: upstream has no condition for it because the object is simply gone.
 REASON_APPWRAPPER_DELETED: Final = "AppWrapperDeleted"
+# Respawn's own: a container crash-loops while its pod stays Running, or the workload stopped
+# refreshing its progress heartbeat (docs/failures.md). Both are failures of class Unknown.
+REASON_RESTART_STORM: Final = "RestartStorm"
+REASON_STALLED: Final = "Stalled"
+CODE_RESTART_STORM: Final = "RestartStorm"
+CODE_CRASH_LOOP_BACK_OFF: Final = "CrashLoopBackOff"
+CODE_STALLED: Final = "Stalled"
+CLASS_UNKNOWN: Final = "Unknown"
 
 _NAMES_SHOWN: Final = 5
 
@@ -82,6 +118,9 @@ class Finding:
     deadline: datetime | None = None
     # The earliest later time at which this finding changes with no new input, if any.
     next_check: datetime | None = None
+    # The failure's class and code (docs/failures.md), "" when not known here.
+    failure_class: str = ""
+    failure_code: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +339,121 @@ def _readiness(aw: AppWrapperView, pods: _Pods, now: datetime) -> Finding:
     )
 
 
+def _running_or_starting(state: AppWrapperHealth, start: datetime | None) -> list[PodRecord]:
+    return [
+        pod
+        for pod in state.pods.values()
+        if pod.phase in ("Pending", "Running")
+        and not pod.deletion_requested
+        and _in_attempt(pod.created_at, pod.observed_at, start)
+    ]
+
+
+def _who(pod: PodRecord, c: ContainerRestarts) -> str:
+    return f"{'init container' if c.init else 'container'} {c.name} of pod {pod.name}"
+
+
+def _restart_storm(state: AppWrapperHealth, aw: AppWrapperView, now: datetime) -> Finding | None:
+    policy = aw.stalls
+    pods = sorted(_running_or_starting(state, aw.attempt_started_at), key=lambda p: p.name)
+    storms = [(pod, c) for pod in pods for c in pod.restarts if c.storm is not None]
+    if storms and policy.counts_restarts:
+        storms.sort(key=lambda pc: (pc[1].storm.at if pc[1].storm else now, pc[0].name))
+        pod, c = storms[0]
+        storm = c.storm
+        assert storm is not None
+        message = (
+            f"{_who(pod, c)} restarted {storm.rise} times within {format_go_duration(storm.window)} "
+            f"(between {_kube_time(storm.since)} and {_kube_time(storm.at)}; at most "
+            f"{policy.storm_restarts - 1} allowed)"
+        )
+        if len(storms) > 1:
+            in_pods = _names({p.name for p, _ in storms})
+            message += f"; {len(storms)} containers in a restart storm, in pods {in_pods}"
+        return Finding(
+            state="Unhealthy",
+            reason=REASON_RESTART_STORM,
+            message=message,
+            first_unhealthy_at=storm.at,
+            failure_class=CLASS_UNKNOWN,
+            failure_code=CODE_RESTART_STORM,
+        )
+    if not policy.crash_loop_backoff:
+        return None
+    looping = [(pod, c) for pod in pods for c in pod.restarts if c.crash_loop_since is not None]
+    if not looping:
+        return None
+    looping.sort(key=lambda pc: (pc[1].crash_loop_since or now, pc[0].name))
+    pod, c = looping[0]
+    since = c.crash_loop_since
+    assert since is not None
+    grace = aw.params.ft.failure_grace
+    deadline = since + grace
+    unhealthy = now >= deadline
+    message = (
+        f"{_who(pod, c)} is waiting in CrashLoopBackOff after {c.restart_count} restarts, "
+        f"since {_kube_time(since)}"
+    )
+    if len(looping) > 1:
+        message += (
+            f"; {len(looping)} containers in CrashLoopBackOff, in pods {_names({p.name for p, _ in looping})}"
+        )
+    if not unhealthy:
+        message += f"; failure grace period {format_go_duration(grace)} ends at {_kube_time(deadline)}"
+    return Finding(
+        state="Unhealthy" if unhealthy else "Healthy",
+        reason=REASON_RESTART_STORM,
+        message=message,
+        first_unhealthy_at=since,
+        deadline=deadline,
+        next_check=None if unhealthy else deadline,
+        failure_class=CLASS_UNKNOWN,
+        failure_code=CODE_CRASH_LOOP_BACK_OFF,
+    )
+
+
+def _heartbeat_at(value: str, seen_at: datetime | None) -> datetime | None:
+    """When a heartbeat was written: its value, but never later than when it was first seen (a
+    clock far ahead, or a value set in the future, must not keep a stalled workload alive)."""
+    written = parse_heartbeat(value) if value else None
+    if written is None or seen_at is None:
+        return None
+    return min(written, as_utc(seen_at))
+
+
+def _stalled(state: AppWrapperHealth, aw: AppWrapperView, pods: _Pods, now: datetime) -> Finding | None:
+    timeout = aw.stalls.heartbeat_timeout
+    if timeout is None or aw.expected_pods is None or aw.attempt_started_at is None:
+        return None
+    if not pods.running or len(pods.running) + pods.succeeded < aw.expected_pods:
+        return None  # not up (the readiness check's business): the heartbeat clock has not started
+    started = [p.running_since for p in pods.running if p.running_since is not None]
+    up_at = max(started) if started else None
+    beats = [_heartbeat_at(p.heartbeat, p.heartbeat_seen_at) for p in pods.running]
+    beats.append(_heartbeat_at(aw.heartbeat, aw.heartbeat_seen_at))
+    known = [b for b in beats if b is not None]
+    last = max(known) if known else None
+    reference = max((t for t in (up_at, last) if t is not None), default=None)
+    if reference is None:
+        return None
+    deadline = reference + timeout
+    if now < deadline:
+        # No verdict while the heartbeat is fresh (each refresh would publish one); just the timer.
+        return Finding(state="Healthy", next_check=deadline)
+    since = f"the last at {_kube_time(last)}" if last is not None and last >= reference else "none since"
+    if last is None or last < reference:
+        since += f" all pods were Running at {_kube_time(reference)}"
+    return Finding(
+        state="Unhealthy",
+        reason=REASON_STALLED,
+        message=f"no progress heartbeat within the heartbeat timeout {format_go_duration(timeout)} ({since})",
+        first_unhealthy_at=deadline,
+        deadline=deadline,
+        failure_class=CLASS_UNKNOWN,
+        failure_code=CODE_STALLED,
+    )
+
+
 def assess(state: AppWrapperHealth, aw: AppWrapperView, now: datetime) -> Finding:
     """Judge the current attempt of a Running AppWrapper at ``now`` (see the module docstring)."""
     now = as_utc(now)
@@ -332,10 +486,18 @@ def assess(state: AppWrapperHealth, aw: AppWrapperView, now: datetime) -> Findin
     no_execute = _no_execute(state, pods)
     if no_execute is not None:
         return no_execute
+    storm = _restart_storm(state, aw, now)
     if tolerated and aw.expected_pods is not None:
         # A failed pod the completion policy tolerates is done, not missing.
         aw = dataclasses.replace(aw, expected_pods=max(aw.expected_pods - tolerated, 0))
-    return _readiness(aw, pods, now)
+    readiness = _readiness(aw, pods, now)
+    if storm is not None:
+        # A back-off wait inside its grace period does not hold back a readiness check that is
+        # already due.
+        return readiness if storm.state == "Healthy" and readiness.state == "Unhealthy" else storm
+    if readiness.reason or readiness.next_check is not None:
+        return readiness
+    return _stalled(state, aw, pods, now) or readiness
 
 
 def _completion(
@@ -461,5 +623,7 @@ def evaluate(state: AppWrapperHealth, now: datetime) -> Decision:
         warnings=aw.warnings,
         deadline=finding.deadline,
         attempt_started_at=aw.attempt_started_at,
+        failure_class=finding.failure_class,
+        failure_code=finding.failure_code,
     )
     return Decision(remember_published(state, verdict), verdict, finding.next_check)

@@ -100,6 +100,7 @@ class HealthService:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.defaults = rt.config.to_fault_tolerance()
+        self.stall_defaults = rt.config.health.stall_defaults()
         self.states: dict[Key, AppWrapperHealth] = {}
         # The partition each held AppWrapper was loaded through (it is let go of with it).
         self.partition_by_key: dict[Key, int] = {}
@@ -119,7 +120,9 @@ class HealthService:
     def state_for(self, key: Key, partition: int) -> AppWrapperHealth:
         state = self.states.get(key)
         if state is None:
-            state = AppWrapperHealth(namespace=key[0], name=key[1], defaults=self.defaults)
+            state = AppWrapperHealth(
+                namespace=key[0], name=key[1], defaults=self.defaults, stall_defaults=self.stall_defaults
+            )
             for nv in self.node_verdicts.values():
                 state = apply(state, nv)
             self.states[key] = state

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from services.health.view import AppWrapperView, view_of
 from shared.faulttolerance import FaultTolerance
@@ -22,16 +22,20 @@ from shared.kubetime import as_utc
 from shared.messages import (
     AppWrapperObservation,
     ComponentObservation,
+    ContainerState,
     NodeVerdict,
     PodObservation,
     Verdict,
 )
+from shared.stalls import StallDefaults, StallPolicy
 
 __all__ = [
     "AppWrapperHealth",
     "ComponentRecord",
+    "ContainerRestarts",
     "Observation",
     "PodRecord",
+    "Storm",
     "affected_by",
     "apply",
     "gone",
@@ -40,6 +44,36 @@ __all__ = [
 ]
 
 Observation = AppWrapperObservation | PodObservation | ComponentObservation | NodeVerdict
+
+
+@dataclass(frozen=True, slots=True)
+class Storm:
+    """A rise of a container's restart count by ``rise`` between ``since`` and ``at``."""
+
+    at: datetime
+    since: datetime
+    rise: int
+    window: timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRestarts:
+    """What health keeps of one container's restarts (docs/failures.md#restart-storms).
+
+    ``samples`` are (time first seen, restart count) pairs, oldest first, one per count seen:
+    those inside the storm window of the latest, and the last one before it (the count in force
+    when the window opened). Without a storm the counts inside the window rise by less than K,
+    so at most K + 1 samples are kept; once a storm is seen it is kept and the samples dropped.
+    """
+
+    name: str
+    init: bool
+    restart_count: int
+    samples: tuple[tuple[datetime, int], ...] = ()
+    storm: Storm | None = None
+    # When the container was first seen waiting in CrashLoopBackOff at its current restart
+    # count (the current back-off wait), or None.
+    crash_loop_since: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +93,13 @@ class PodRecord:
     failed_at: datetime | None
     # Its pod set (the respawn.dev/pod-set label), for a completion policy; None when unknown.
     pod_set: int | None = None
+    # Restart history per container, for restart storms; in the pod's container order.
+    restarts: tuple[ContainerRestarts, ...] = ()
+    # The pod's respawn.dev/heartbeat as written, and when this value was first seen.
+    heartbeat: str = ""
+    heartbeat_seen_at: datetime | None = None
+    # The observation time of the first Running observation of this pod (uid).
+    running_since: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +124,8 @@ class AppWrapperHealth:
     name: str
     # Operator-level parameters; per-AppWrapper annotations are applied on top of them.
     defaults: FaultTolerance = field(default_factory=FaultTolerance)
+    # Operator-level restart-storm parameters (the health section of the configuration).
+    stall_defaults: StallDefaults = field(default_factory=StallDefaults)
     appwrapper: AppWrapperView | None = None
     # Keyed by pod name.
     pods: Mapping[str, PodRecord] = field(default_factory=dict)
@@ -100,12 +143,15 @@ class AppWrapperHealth:
 
 
 def _apply_appwrapper(state: AppWrapperHealth, obs: AppWrapperObservation) -> AppWrapperHealth:
-    view = view_of(obs, state.defaults)
+    view = view_of(obs, state.defaults, state.stall_defaults)
     previous = state.appwrapper
     if obs.deleted and previous is not None and view.ref.uid in ("", previous.ref.uid):
         # A tombstone may carry an empty or stale body: keep what was last known of the object
         # (its uid, attempt and count) and only mark it deleted.
         view = replace(previous, deleted=True)
+    elif previous is not None and previous.heartbeat == view.heartbeat:
+        # The heartbeat did not change: it was seen first when it was.
+        view = replace(view, heartbeat_seen_at=previous.heartbeat_seen_at)
     return replace(state, appwrapper=view)
 
 
@@ -124,6 +170,79 @@ def _failed_at(obs: PodObservation, previous: PodRecord | None) -> datetime | No
     return as_utc(obs.observed_at)
 
 
+def _stall_policy(state: AppWrapperHealth) -> StallPolicy:
+    if state.appwrapper is not None:
+        return state.appwrapper.stalls
+    d = state.stall_defaults
+    return StallPolicy(storm_restarts=d.storm_restarts, storm_window=d.storm_window)
+
+
+def _track(
+    previous: ContainerRestarts | None,
+    c: ContainerState,
+    at: datetime,
+    created_at: datetime | None,
+    policy: StallPolicy,
+) -> ContainerRestarts:
+    """Fold one observation of a container into its restart history. Pure.
+
+    A storm is a rise by at least K = ``policy.storm_restarts`` within W = ``policy.storm_window``:
+    for some time t, the count first seen at t exceeds the count in force at t - W (the latest
+    seen at or before it; the earliest seen when none is that old) by K or more: the restarts are
+    taken to have happened when their count was first seen, as the watch reports every change
+    of a pod. Checking at each new count suffices, because the count only rises then. For a pod
+    first seen within W of its creation, the creation stands for a count of 0: a restarted health
+    instance sees only the latest observation of a pod, and still knows that a young pod's
+    restarts all fell within W.
+    """
+    count = c.restart_count
+    crash_loop = c.state == "waiting" and c.reason == "CrashLoopBackOff"
+    crash_loop_since = None
+    if crash_loop:
+        same_wait = (
+            previous is not None and previous.crash_loop_since is not None and previous.restart_count == count
+        )
+        crash_loop_since = previous.crash_loop_since if same_wait and previous is not None else at
+    if previous is None or count < previous.restart_count:
+        # First seen (or a count that went down, which only a new container can do): a baseline.
+        samples: tuple[tuple[datetime, int], ...] = ((at, count),)
+        if count > 0 and created_at is not None and at - policy.storm_window <= created_at <= at:
+            samples = ((created_at, 0), (at, count))
+        storm = None
+    else:
+        samples, storm = previous.samples, previous.storm
+        if count > previous.restart_count and storm is None:
+            latest = samples[-1][0] if samples else at
+            samples = (*samples, (max(at, latest), count))
+    if not policy.counts_restarts:
+        return ContainerRestarts(c.name, c.init, count, crash_loop_since=crash_loop_since)
+    if storm is None and len(samples) > 1:
+        t, top = samples[-1]
+        opened = t - policy.storm_window
+        older = [s for s in samples if s[0] <= opened]
+        base_at, base = older[-1] if older else samples[0]
+        if top - base >= policy.storm_restarts:
+            storm = Storm(at=t, since=base_at, rise=top - base, window=policy.storm_window)
+    if storm is not None:
+        samples = ()
+    else:
+        opened = samples[-1][0] - policy.storm_window
+        inside = [s for s in samples if s[0] > opened]
+        before = [s for s in samples if s[0] <= opened]
+        samples = (*before[-1:], *inside)
+    return ContainerRestarts(c.name, c.init, count, samples, storm, crash_loop_since)
+
+
+def _restarts(
+    obs: PodObservation, previous: PodRecord | None, policy: StallPolicy
+) -> tuple[ContainerRestarts, ...]:
+    same_pod = previous is not None and previous.uid == obs.ref.uid
+    known = {(r.init, r.name): r for r in previous.restarts} if same_pod and previous is not None else {}
+    at = as_utc(obs.observed_at)
+    created = as_utc(obs.created_at) if obs.created_at is not None else None
+    return tuple(_track(known.get((c.init, c.name)), c, at, created, policy) for c in obs.containers)
+
+
 def _apply_pod(state: AppWrapperHealth, obs: PodObservation) -> AppWrapperHealth:
     name = obs.ref.name
     previous = state.pods.get(name)
@@ -133,11 +252,13 @@ def _apply_pod(state: AppWrapperHealth, obs: PodObservation) -> AppWrapperHealth
             return state  # the tombstone of an earlier pod with the same name
         pods.pop(name, None)
         return replace(state, pods=pods)
+    same = previous is not None and previous.uid == obs.ref.uid
+    observed_at = as_utc(obs.observed_at)
     pods[name] = PodRecord(
         name=name,
         uid=obs.ref.uid,
         phase=obs.phase,
-        observed_at=as_utc(obs.observed_at),
+        observed_at=observed_at,
         created_at=as_utc(obs.created_at) if obs.created_at is not None else None,
         node_name=obs.node_name,
         deletion_requested=obs.deletion_requested,
@@ -149,6 +270,22 @@ def _apply_pod(state: AppWrapperHealth, obs: PodObservation) -> AppWrapperHealth
         ),
         failed_at=_failed_at(obs, previous),
         pod_set=obs.pod_set,
+        restarts=_restarts(obs, previous, _stall_policy(state)),
+        heartbeat=obs.heartbeat,
+        heartbeat_seen_at=(
+            previous.heartbeat_seen_at
+            if same and previous is not None and previous.heartbeat == obs.heartbeat
+            else observed_at
+        ),
+        running_since=(
+            (
+                previous.running_since
+                if same and previous is not None and previous.running_since
+                else observed_at
+            )
+            if obs.phase == "Running"
+            else None
+        ),
     )
     return replace(state, pods=pods)
 

@@ -25,6 +25,7 @@ from shared.appwrapper.podsets import expected_pod_count
 from shared.faulttolerance import FaultTolerance
 from shared.kubetime import parse_kube_time
 from shared.messages import AppWrapperObservation, ObjectRef
+from shared.stalls import HEARTBEAT_ANNOTATION, HEARTBEAT_LIMIT, StallDefaults, StallPolicy, stall_policy
 
 __all__ = ["AppWrapperView", "view_of"]
 
@@ -53,6 +54,13 @@ class AppWrapperView:
     # The respawn.dev/completion-policy annotation; None: the default (all succeed, one fails).
     completion: CompletionPolicy | None = None
     warnings: tuple[str, ...] = ()
+    # Restart storms and the progress heartbeat (shared.stalls): respawn.dev/restart-storm and
+    # respawn.dev/heartbeat-timeout over the operator's defaults.
+    stalls: StallPolicy = field(default_factory=StallPolicy)
+    # The AppWrapper's own respawn.dev/heartbeat as written, and the observation time at which
+    # this value was first seen (the state carries it over while the value stays the same).
+    heartbeat: str = ""
+    heartbeat_seen_at: datetime | None = None
 
 
 def _components(fields: AppWrapperFields) -> frozenset[tuple[str, str]]:
@@ -64,7 +72,9 @@ def _components(fields: AppWrapperFields) -> frozenset[tuple[str, str]]:
     return frozenset(found)
 
 
-def view_of(observation: AppWrapperObservation, defaults: FaultTolerance) -> AppWrapperView:
+def view_of(
+    observation: AppWrapperObservation, defaults: FaultTolerance, stall_defaults: StallDefaults | None = None
+) -> AppWrapperView:
     """Extract the health-relevant facts from an AppWrapper observation. Never raises."""
     body = observation.body
     fields = read_appwrapper(body)
@@ -74,7 +84,16 @@ def view_of(observation: AppWrapperObservation, defaults: FaultTolerance) -> App
     params = effective_fault_tolerance(fields.annotations, defaults)
     exit_codes = exit_code_policy(fields.annotations)
     completion, completion_warning = completion_policy(fields.annotations)
-    warnings = [*params.warnings, *exit_codes.warnings, *([completion_warning] if completion_warning else [])]
+    stalls = stall_policy(
+        fields.annotations, stall_defaults or StallDefaults(), params.ft.grace_period_maximum
+    )
+    warnings = [
+        *params.warnings,
+        *exit_codes.warnings,
+        *([completion_warning] if completion_warning else []),
+        *stalls.warnings,
+    ]
+    heartbeat = fields.annotations.get(HEARTBEAT_ANNOTATION)
 
     expected: int | None
     try:
@@ -104,4 +123,7 @@ def view_of(observation: AppWrapperObservation, defaults: FaultTolerance) -> App
         exit_codes=exit_codes,
         completion=completion,
         warnings=tuple(warnings),
+        stalls=stalls,
+        heartbeat=heartbeat[:HEARTBEAT_LIMIT] if isinstance(heartbeat, str) else "",
+        heartbeat_seen_at=observation.observed_at,
     )

@@ -39,6 +39,7 @@ from shared.messages import (
     PodObservation,
 )
 from shared.partitions import partition_of
+from shared.stalls import HEARTBEAT_ANNOTATION, HEARTBEAT_LIMIT
 
 # Kinds whose status the watcher interprets (the others are observed for existence only).
 JOB = ("batch/v1", "Job")
@@ -128,6 +129,12 @@ def _extended_resources(spec: dict[str, Any]) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def _heartbeat(meta: Mapping[str, Any]) -> str:
+    annotations = meta.get("annotations")
+    value = annotations.get(HEARTBEAT_ANNOTATION) if isinstance(annotations, Mapping) else None
+    return value[:HEARTBEAT_LIMIT] if isinstance(value, str) else ""
+
+
 def pod_observation(obj: dict[str, Any], *, deleted: bool, now: datetime) -> PodObservation | None:
     meta = mapping_at(obj, "metadata")
     aw = str_at(meta, "labels", APPWRAPPER_LABEL)
@@ -158,6 +165,7 @@ def pod_observation(obj: dict[str, Any], *, deleted: bool, now: datetime) -> Pod
         message=_text(status.get("message")),
         conditions=_conditions(status),
         pod_set=_pod_set(str_at(meta, "labels", POD_SET_LABEL)),
+        heartbeat=_heartbeat(meta),
     )
 
 
@@ -729,6 +737,10 @@ def kept(obj: dict[str, Any], observation_kind: str) -> dict[str, Any]:
         out: dict[str, Any] = {k: obj[k] for k in ("apiVersion", "kind") if k in obj}
         if observation_kind == PodObservation.KIND:
             out["metadata"] = _kept_metadata(meta, labels=(APPWRAPPER_LABEL, POD_SET_LABEL))
+            annotations = meta.get("annotations")
+            if isinstance(annotations, Mapping) and HEARTBEAT_ANNOTATION in annotations:
+                # The progress heartbeat, the only annotation a pod observation carries.
+                out["metadata"]["annotations"] = {HEARTBEAT_ANNOTATION: annotations[HEARTBEAT_ANNOTATION]}
             out.update(_kept_pod(obj))
         elif observation_kind == ComponentObservation.KIND:
             out["metadata"] = _kept_metadata(meta, labels=(APPWRAPPER_LABEL,))

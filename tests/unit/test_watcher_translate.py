@@ -599,3 +599,24 @@ def test_a_subject_stored_under_another_partition_count_belongs_to_its_appwrappe
     subject = subjects.appwrapper_obs("ns", "aw", "pod", "p")
     stale = subject.rsplit(".", 1)[0] + f".{subjects.partitions() + 3}"
     assert translate.subject_partition(stale) == subjects.partition("ns", "aw")
+
+
+def test_a_pods_heartbeat_is_carried_and_kept() -> None:
+    obj = pod()
+    obj["metadata"]["annotations"]["respawn.dev/heartbeat"] = "2025-01-02T03:04:05Z"
+    obs = translate.pod_observation(obj, deleted=False, now=NOW)
+    assert obs is not None and obs.heartbeat == "2025-01-02T03:04:05Z"
+    kept = translate.kept(obj, PodObservation.KIND)
+    # Of the annotations only the heartbeat: the observation made from what is kept is the same.
+    assert kept["metadata"]["annotations"] == {"respawn.dev/heartbeat": "2025-01-02T03:04:05Z"}
+    same_outcome(obj, PodObservation.KIND)
+
+
+@pytest.mark.parametrize("value", [None, 42, "x" * 100])
+def test_a_heartbeat_that_is_no_string_is_empty_and_a_long_one_is_cut(value: Any) -> None:
+    obj = pod()
+    obj["metadata"]["annotations"]["respawn.dev/heartbeat"] = value
+    obs = translate.pod_observation(obj, deleted=False, now=NOW)
+    assert obs is not None
+    assert obs.heartbeat == ("x" * 64 if isinstance(value, str) else "")
+    same_outcome(obj, PodObservation.KIND)
