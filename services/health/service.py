@@ -37,7 +37,15 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 
 from services.health.rules import evaluate
-from services.health.state import AppWrapperHealth, affected_by, apply, gone, remember_published, supersedes
+from services.health.state import (
+    AppWrapperHealth,
+    FailureSettings,
+    affected_by,
+    apply,
+    gone,
+    remember_published,
+    supersedes,
+)
 from shared import metrics, subjects
 from shared.bus import Delivery, Replay, replay_consumer_name, until_done
 from shared.bus.membership import Membership
@@ -100,6 +108,10 @@ class HealthService:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.defaults = rt.config.to_fault_tolerance()
+        self.failures = FailureSettings(
+            table=rt.config.failures.table(),
+            application_fault_window=rt.config.failures.application_fault_window,
+        )
         self.states: dict[Key, AppWrapperHealth] = {}
         # The partition each held AppWrapper was loaded through (it is let go of with it).
         self.partition_by_key: dict[Key, int] = {}
@@ -119,7 +131,9 @@ class HealthService:
     def state_for(self, key: Key, partition: int) -> AppWrapperHealth:
         state = self.states.get(key)
         if state is None:
-            state = AppWrapperHealth(namespace=key[0], name=key[1], defaults=self.defaults)
+            state = AppWrapperHealth(
+                namespace=key[0], name=key[1], defaults=self.defaults, failures=self.failures
+            )
             for nv in self.node_verdicts.values():
                 state = apply(state, nv)
             self.states[key] = state

@@ -14,14 +14,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from services.health.view import AppWrapperView, view_of
+from shared.failures import failure_table
+from shared.failures.blame import DEFAULT_WINDOW
+from shared.failures.facts import ContainerExit, FailureFacts, PodCondition
+from shared.failures.patterns import FailurePattern
 from shared.faulttolerance import FaultTolerance
 from shared.kubetime import as_utc
 from shared.messages import (
     AppWrapperObservation,
     ComponentObservation,
+    ContainerState,
     NodeVerdict,
     PodObservation,
     Verdict,
@@ -30,10 +35,12 @@ from shared.messages import (
 __all__ = [
     "AppWrapperHealth",
     "ComponentRecord",
+    "FailureSettings",
     "Observation",
     "PodRecord",
     "affected_by",
     "apply",
+    "failure_facts",
     "gone",
     "remember_published",
     "supersedes",
@@ -57,6 +64,9 @@ class PodRecord:
     # When the pod failed (phase Failed): the latest container finishedAt, or else the
     # observation time of the first Failed observation of this pod.
     failed_at: datetime | None
+    # What the failure is classified on (docs/failures.md); kept for Failed pods only, the
+    # others never need it.
+    facts: FailureFacts | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +86,22 @@ class ComponentRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class FailureSettings:
+    """The operator's side of failure classification (the ``failures`` config section)."""
+
+    # The operator's table: its own patterns ahead of the defaults, or instead of them.
+    table: tuple[FailurePattern, ...] = field(default_factory=failure_table)
+    # Failures of one attempt this close together, all alike, are the application's fault.
+    application_fault_window: timedelta = DEFAULT_WINDOW
+
+
+@dataclass(frozen=True, slots=True)
 class AppWrapperHealth:
     namespace: str
     name: str
     # Operator-level parameters; per-AppWrapper annotations are applied on top of them.
     defaults: FaultTolerance = field(default_factory=FaultTolerance)
+    failures: FailureSettings = field(default_factory=FailureSettings)
     appwrapper: AppWrapperView | None = None
     # Keyed by pod name.
     pods: Mapping[str, PodRecord] = field(default_factory=dict)
@@ -122,6 +143,39 @@ def _failed_at(obs: PodObservation, previous: PodRecord | None) -> datetime | No
     return as_utc(obs.observed_at)
 
 
+def _container_exit(c: ContainerState) -> ContainerExit:
+    if c.state == "terminated":
+        return ContainerExit(
+            name=c.name, init=c.init, exit_code=c.exit_code, reason=c.reason, message=c.message
+        )
+    if c.state == "waiting":
+        return ContainerExit(name=c.name, init=c.init, reason=c.reason, message=c.message)
+    return ContainerExit(name=c.name, init=c.init)
+
+
+def failure_facts(obs: PodObservation, failed_at: datetime | None) -> FailureFacts:
+    """The facts a failure of this pod is classified on, from its observation alone.
+
+    The node's state and whether someone else deleted the pod are not in a pod observation;
+    they are left unknown (``""``, False), so the table rows that need them do not match.
+    """
+    # Init containers first, as FailureFacts expects (first_failed prefers a non-init one).
+    ordered = sorted(obs.containers, key=lambda c: not c.init)
+    return FailureFacts(
+        pod=obs.ref.name,
+        node=obs.node_name,
+        phase=obs.phase,
+        reason=obs.reason,
+        message=obs.message,
+        containers=tuple(_container_exit(c) for c in ordered),
+        conditions=tuple(
+            PodCondition(type=c.type, status=c.status, reason=c.reason, message=c.message)
+            for c in obs.conditions
+        ),
+        failed_at=failed_at,
+    )
+
+
 def _apply_pod(state: AppWrapperHealth, obs: PodObservation) -> AppWrapperHealth:
     name = obs.ref.name
     previous = state.pods.get(name)
@@ -131,6 +185,7 @@ def _apply_pod(state: AppWrapperHealth, obs: PodObservation) -> AppWrapperHealth
             return state  # the tombstone of an earlier pod with the same name
         pods.pop(name, None)
         return replace(state, pods=pods)
+    failed_at = _failed_at(obs, previous)
     pods[name] = PodRecord(
         name=name,
         uid=obs.ref.uid,
@@ -145,7 +200,8 @@ def _apply_pod(state: AppWrapperHealth, obs: PodObservation) -> AppWrapperHealth
             for c in obs.containers
             if not c.init and c.state == "terminated" and c.exit_code is not None and c.exit_code != 0
         ),
-        failed_at=_failed_at(obs, previous),
+        failed_at=failed_at,
+        facts=failure_facts(obs, failed_at) if obs.phase == "Failed" else None,
     )
     return replace(state, pods=pods)
 

@@ -21,6 +21,8 @@ from shared.appwrapper.params import (
     exit_code_policy,
 )
 from shared.appwrapper.podsets import expected_pod_count
+from shared.failures.annotation import workload_patterns
+from shared.failures.patterns import FailurePattern
 from shared.faulttolerance import FaultTolerance
 from shared.kubetime import parse_kube_time
 from shared.messages import AppWrapperObservation, ObjectRef
@@ -49,6 +51,8 @@ class AppWrapperView:
     expected_pods: int | None = None
     params: EffectiveParams = field(default_factory=lambda: EffectiveParams(ft=FaultTolerance()))
     exit_codes: ExitCodePolicy = field(default_factory=ExitCodePolicy)
+    # The workload's own failure patterns (respawn.dev/failure-patterns); none when refused.
+    failure_patterns: tuple[FailurePattern, ...] = ()
     warnings: tuple[str, ...] = ()
 
 
@@ -70,7 +74,11 @@ def view_of(observation: AppWrapperObservation, defaults: FaultTolerance) -> App
     )
     params = effective_fault_tolerance(fields.annotations, defaults)
     exit_codes = exit_code_policy(fields.annotations)
+    patterns = workload_patterns(fields.annotations)
     warnings = [*params.warnings, *exit_codes.warnings]
+    if patterns.error:
+        # Refused as a whole: the operator's table classifies this workload's failures.
+        warnings.append(patterns.error)
 
     expected: int | None
     try:
@@ -98,5 +106,6 @@ def view_of(observation: AppWrapperObservation, defaults: FaultTolerance) -> App
         expected_pods=expected,
         params=params,
         exit_codes=exit_codes,
+        failure_patterns=patterns.patterns,
         warnings=tuple(warnings),
     )
