@@ -68,7 +68,9 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("respawn.health")
 
 VERDICTS = metrics.counter(
-    "respawn_health_verdicts", "Verdicts published, by state and reason", ["state", "reason"]
+    "respawn_health_verdicts",
+    "Verdicts published, by state, reason and failure class",
+    ["state", "reason", "failure_class"],
 )
 TRACKED = metrics.gauge("respawn_health_appwrappers", "AppWrappers held in memory by this replica")
 OBSERVATIONS = metrics.counter(
@@ -182,7 +184,7 @@ class HealthService:
                 },
             ):
                 await self.rt.bus.publish(subjects.verdict(key[0], key[1]), v, msg_id=decision.msg_id)
-            VERDICTS.labels(state=v.state, reason=v.reason or "-").inc()
+            VERDICTS.labels(state=v.state, reason=v.reason or "-", failure_class=v.failure_class or "-").inc()
             log.info(
                 "verdict %s/%s %s %s%s",
                 key[0],
