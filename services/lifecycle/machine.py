@@ -674,7 +674,16 @@ class _Reconciliation:
             transient_limit=self.transient_limit,
         )
         if decision.action is RetryAction.FAIL:
-            text = f"{reason}: {message}; {decision.message}" if message else f"{reason}; {decision.message}"
+            # Past the retry limit, said as upstream says it (and as a verdict without a class).
+            why = (
+                decision.message
+                if decision.counted or verdict.failure_class == FailureClass.PERMANENT
+                else decision.message.replace(
+                    f"retry limit ({self.params.retry_limit}) reached",
+                    f"the retry limit of {self.params.retry_limit} is reached",
+                )
+            )
+            text = f"{reason}: {message}; {why}" if message else f"{reason}; {why}"
             self._fail(reason, text, nodes, failure=failure)
             return
         if decision.counted:
