@@ -17,6 +17,7 @@ from services.health.state import (
     Observation,
     affected_by,
     apply,
+    failure_facts,
     gone,
     remember_published,
 )
@@ -977,3 +978,43 @@ def test_a_failed_component_carries_the_class_of_its_failed_pods() -> None:
 def test_a_failed_component_without_failed_pods_has_no_class() -> None:
     v = _classified(aw_obs(), component(failed=True))
     assert (v.failure_class, v.failure_code, v.fault_kind, v.terminal) == ("", "", "", False)
+
+
+def test_failure_facts_come_from_the_pod_observation() -> None:
+    obs = pod(
+        "p0",
+        "Failed",
+        node="node-7",
+        containers=[
+            ContainerState(name="main", state="terminated", exit_code=1, reason="Error", message="boom"),
+            ContainerState(name="pull", state="waiting", reason="ErrImagePull", message="no such image"),
+            ContainerState(name="setup", init=True, state="terminated", exit_code=0, reason="Completed"),
+        ],
+    ).model_copy(
+        update={
+            "reason": "Evicted",
+            "message": "The node was low on resource: memory.",
+            "conditions": (
+                PodConditionState(type="DisruptionTarget", status="True", reason="TerminationByKubelet"),
+            ),
+        }
+    )
+    facts = failure_facts(obs, T0)
+    assert (facts.pod, facts.node, facts.phase, facts.reason, facts.failed_at) == (
+        "p0",
+        "node-7",
+        "Failed",
+        "Evicted",
+        T0,
+    )
+    assert [(c.name, c.init, c.exit_code, c.reason, c.message) for c in facts.containers] == [
+        ("setup", True, 0, "Completed", ""),
+        ("main", False, 1, "Error", "boom"),
+        ("pull", False, None, "ErrImagePull", "no such image"),
+    ]
+    assert [(c.type, c.reason) for c in facts.true_conditions()] == [
+        ("DisruptionTarget", "TerminationByKubelet")
+    ]
+    # Kept for failed pods only.
+    state = fold([aw_obs(), obs, pod("p1")])
+    assert state.pods["p0"].facts is not None and state.pods["p1"].facts is None
