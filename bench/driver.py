@@ -23,6 +23,7 @@ from shared.kube import KubeApiError
 EVICT_LABEL = "autopilot.ibm.com/gpuhealth"
 EVICT_VALUE = "EVICT"
 EXIT_CODES = (1, 2, 137, 143)
+TRANSIENT_EXIT_CODES = frozenset({137, 143})
 # Creations in flight at once: enough to load the API server, not so many that requests time out.
 SUBMIT_CONCURRENCY = 32
 # How often waits look at the tracker again, and how often they say how far they are.
@@ -167,8 +168,16 @@ class Driver:
             return False
         rec, pod = pick
         code = self.rng.choice(EXIT_CODES)
+        # By the default failure table a container stopped by SIGKILL (137) or SIGTERM (143) is
+        # Transient: retried without counting toward resettingCount (docs/failures.md).
         fault = self.tracker.add_fault(
-            "pod-failure", rec, now, counted=True, node=pod.node, pod=pod.name, exit_code=code
+            "pod-failure",
+            rec,
+            now,
+            counted=code not in TRANSIENT_EXIT_CODES,
+            node=pod.node,
+            pod=pod.name,
+            exit_code=code,
         )
         s = self.session
         patch = failed_pod_status(pod.containers, code, datetime.fromtimestamp(now, UTC))

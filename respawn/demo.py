@@ -3,7 +3,7 @@
 A live table shows each AppWrapper's phase, attempts and latest verdict while faults are
 injected through the testbed's pod simulation contract:
 
-- a training worker crashes (exit code 137)              → reset, recreated, Succeeded
+- a training worker crashes (exit code 139, SIGSEGV)     → reset, recreated, Succeeded
 - a node under a running 8-GPU job is labelled EVICT     → migrated without counting a retry
 - an init container never finishes                       → warmup grace runs out, reset, then Failed
 - a pod is stuck terminating during a reset              → forceful deletion, then recreated
@@ -246,10 +246,10 @@ async def _scenario(state: State, board: Board, live: Live, started: float, log:
         incidents.append(Incident("stuck-init", "stuck init (10s warmup)", time.monotonic()))
         incidents.append(Incident("doomed", "always exits 2", time.monotonic()))
 
-        note["text"] = "fault: a training worker crashes (exit 137)"
+        note["text"] = "fault: a training worker crashes (exit 139, SIGSEGV)"
         victim = next(p for p in _pods(state, "crashy") if p["status"].get("phase") == "Running")
-        inc = Incident("crashy", "worker exit 137", time.monotonic())
-        await asyncio.to_thread(sim.fail_pod, state.kubeconfig, NS, victim["metadata"]["name"], exit_code=137)
+        inc = Incident("crashy", "worker exit 139", time.monotonic())
+        await asyncio.to_thread(sim.fail_pod, state.kubeconfig, NS, victim["metadata"]["name"], exit_code=139)
         inc.nodes_avoided = [victim["spec"].get("nodeName", "")]
         incidents.append(inc)
         await asyncio.sleep(3)

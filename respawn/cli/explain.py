@@ -191,6 +191,11 @@ class Incident:
     running_again_at: datetime | None = None
     failed_at: datetime | None = None
     trace_ids: tuple[str, ...] = ()
+    # The failure's class and code (docs/failures.md) and whose fault it was; "" when the
+    # verdict (or event) had none.
+    failure_class: str = ""
+    failure_code: str = ""
+    fault_kind: str = ""
 
     @property
     def closed(self) -> bool:
@@ -213,6 +218,11 @@ class Incident:
     def since_start(self, at: datetime | None) -> timedelta | None:
         start = self.started_at
         return at - start if at is not None and start is not None else None
+
+    def _classify(self, failure_class: str, code: str, fault_kind: str = "") -> None:
+        if failure_class and not self.failure_class:
+            self.failure_class, self.failure_code = failure_class, code
+        self.fault_kind = self.fault_kind or fault_kind
 
     def _note(self, nodes: Sequence[str], trace: str) -> None:
         self.nodes = tuple(dict.fromkeys((*self.nodes, *nodes)))
@@ -251,6 +261,7 @@ def find_incidents(timeline: Sequence[Entry]) -> list[Incident]:
                 inc.first_unhealthy_at = msg.first_unhealthy_at or msg.decided_at
                 inc.reason, inc.message = msg.reason, msg.message
                 inc.judged_attempt = msg.resetting_count
+            inc._classify(msg.failure_class, msg.failure_code, msg.fault_kind)
             inc.terminal = inc.terminal or msg.terminal
             inc.migration = inc.migration or not msg.counts_toward_retry
             inc._note(msg.nodes, entry.trace_id)
@@ -261,6 +272,7 @@ def find_incidents(timeline: Sequence[Entry]) -> list[Incident]:
                     inc = open_new()
                 inc.reset_started_at = msg.at
                 inc.attempt = msg.resetting_count
+                inc._classify(msg.failure_class, msg.failure_code)
                 inc.reason = inc.reason or msg.reason
                 inc.message = inc.message or msg.message
                 inc._note(msg.nodes, entry.trace_id)
@@ -274,6 +286,7 @@ def find_incidents(timeline: Sequence[Entry]) -> list[Incident]:
             elif msg.event == _PHASE_CHANGED and msg.phase == _FAILED:
                 inc = current if current is not None and not current.closed else open_new()
                 inc.failed_at = msg.at
+                inc._classify(msg.failure_class, msg.failure_code)
                 inc.reason = inc.reason or msg.reason
                 inc.message = inc.message or msg.message
                 inc._note(msg.nodes, entry.trace_id)
@@ -319,6 +332,9 @@ def _stage(label: str, inc: Incident, at: datetime | None) -> str:
 def _incident_lines(number: int, inc: Incident) -> list[str]:
     kind = " (Autopilot migration)" if inc.migration else " (terminal)" if inc.terminal else ""
     head = f"{number}. {inc.reason or 'unknown cause'}{kind}"
+    if inc.failure_class:
+        fault = f", {inc.fault_kind.lower()} fault" if inc.fault_kind else ""
+        head += f" [{inc.failure_class} {inc.failure_code or '-'}{fault}]"
     if inc.nodes:
         head += f" on {', '.join(inc.nodes)}"
     if inc.message:
@@ -427,6 +443,9 @@ def explain_json(
                 "nodes": list(inc.nodes),
                 "terminal": inc.terminal,
                 "migration": inc.migration,
+                "failureClass": inc.failure_class,
+                "failureCode": inc.failure_code,
+                "faultKind": inc.fault_kind,
                 "outcome": inc.outcome,
                 "judgedAttempt": inc.judged_attempt,
                 "attempt": inc.attempt,

@@ -152,6 +152,14 @@ def _nodes(nodes: tuple[str, ...]) -> str:
     return f"nodes={','.join(nodes)}" if nodes else ""
 
 
+def _failure(failure_class: str, code: str, fault_kind: str = "") -> str:
+    """The failure's class and code (docs/failures.md), '' for a message without one."""
+    if not failure_class:
+        return ""
+    text = f"class={failure_class} code={code or '-'}"
+    return f"{text} fault={fault_kind}" if fault_kind else text
+
+
 def verdict_line(v: Verdict, seq: int = 0) -> str:
     """One readable line: time, ns/name, state, reason, message, nodes, attempt, stream sequence."""
     flags = [f for f, on in (("terminal", v.terminal), ("migration", not v.counts_toward_retry)) if on]
@@ -163,6 +171,7 @@ def verdict_line(v: Verdict, seq: int = 0) -> str:
         v.reason,
         _quoted(v.message),
         _nodes(v.nodes),
+        _failure(v.failure_class, v.failure_code, v.fault_kind),
         f"attempt={v.resetting_count}",
         f"#{seq}" if seq else "",
     )
@@ -182,6 +191,7 @@ def event_line(e: LifecycleEvent, seq: int = 0) -> str:
         e.reason,
         _quoted(e.message),
         _nodes(e.nodes),
+        _failure(e.failure_class, e.failure_code),
         f"attempt={e.resetting_count}",
         f"#{seq}" if seq else "",
     )

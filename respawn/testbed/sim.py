@@ -24,9 +24,17 @@ def get_json(kubeconfig: Path, *args: str) -> Any:
 
 
 def fail_pod(
-    kubeconfig: Path, namespace: str, pod: str, *, exit_code: int = 1, reason: str = "Error"
+    kubeconfig: Path,
+    namespace: str,
+    pod: str,
+    *,
+    exit_code: int = 1,
+    reason: str = "Error",
+    condition: dict[str, str] | None = None,
 ) -> None:
-    """Mark a pod Failed now, with every container terminated with ``exit_code``.
+    """Mark a pod Failed now, with every container terminated with ``exit_code`` (and its
+    terminated ``reason``), and ``condition`` (type, reason, message; status True) added to the
+    pod's conditions when given.
 
     A status patch through the API, as a kubelet would write it; the testbed's kwok stages
     never overwrite it.
@@ -45,7 +53,11 @@ def fail_pod(
         }
         for c in body["spec"]["containers"]
     ]
-    patch = {"status": {"phase": "Failed", "containerStatuses": statuses}}
+    patch: dict[str, Any] = {"status": {"phase": "Failed", "containerStatuses": statuses}}
+    if condition is not None:
+        added = {"status": "True", "lastTransitionTime": now, **condition}
+        kept = [c for c in body.get("status", {}).get("conditions", []) if c.get("type") != added["type"]]
+        patch["status"]["conditions"] = [*kept, added]
     kubectl(
         kubeconfig,
         "patch",
@@ -57,6 +69,23 @@ def fail_pod(
         "--type=merge",
         "-p",
         json.dumps(patch),
+    )
+
+
+def evict_pod(kubeconfig: Path, namespace: str, pod: str) -> None:
+    """The end of a pod evicted through the Eviction API (as a node drain does), as Kubernetes
+    records it: the condition DisruptionTarget with reason EvictionByEvictionAPI, then phase
+    Failed, its containers stopped by SIGTERM (exit code 143)."""
+    fail_pod(
+        kubeconfig,
+        namespace,
+        pod,
+        exit_code=143,
+        condition={
+            "type": "DisruptionTarget",
+            "reason": "EvictionByEvictionAPI",
+            "message": "Eviction API: evicting",
+        },
     )
 
 

@@ -6,13 +6,18 @@ that applies decides):
 1. ``MissingComponent``: a wrapped resource of this attempt was deleted (tombstone) or is being
    deleted. Unhealthy at once, ``terminal`` (upstream fails the AppWrapper without a retry).
 2. ``FailedComponent``: a wrapped batch/v1 Job or PyTorchJob reports Failed. Unhealthy at once;
-   terminal if a failed pod has a terminal exit code.
+   its failed pods are classified as for ``FoundFailedPods`` (below).
 3. Success: at least the expected number of pods Succeeded and none pending, running or failed.
    With a completion policy (``respawn.dev/completion-policy``): a failed pod counts only once
    its pod set has ``minFailed`` failed pods (tolerated ones count as completed), and the
    workload succeeds as soon as a pod set has ``minSucceeded`` succeeded pods.
 4. ``FoundFailedPods``: Unhealthy once FailureGracePeriod has passed since the earliest failure
-   of a pod of this attempt; terminal if an exit code is terminal by the AppWrapper's policy.
+   of a pod of this attempt. Every failed pod of the attempt is classified
+   (:func:`shared.failures.classify.classify`: the upstream exit-code annotations, the
+   workload's patterns, the operator's table) and the attempt gets one class and code
+   (:func:`classify_attempt`); ``terminal`` when it is ``Permanent`` (a terminal exit code makes
+   it so). The fault is the application's or the infrastructure's
+   (:func:`shared.failures.blame.attribute`), and ``nodes`` names the nodes blamed.
 5. ``AutopilotNoExecute``: a Running pod uses a resource that Autopilot marks NoExecute on its
    node. Unhealthy at once, ``counts_toward_retry=False``, the nodes listed.
 6. ``RestartStorm`` (Respawn's own): a container of a pod of this attempt restarted at least K
@@ -61,6 +66,7 @@ from services.health.state import (
     AppWrapperHealth,
     ComponentRecord,
     ContainerRestarts,
+    FailureSettings,
     PodRecord,
     remember_published,
 )
@@ -68,6 +74,10 @@ from services.health.view import AppWrapperView
 from shared.appwrapper.constants import Phase, Reason
 from shared.appwrapper.control import CompletionPolicy
 from shared.durations import format_go_duration
+from shared.failures.blame import PodFailure, attribute
+from shared.failures.classify import Classification, classify
+from shared.failures.facts import FailureFacts
+from shared.failures.patterns import FailureClass
 from shared.kubetime import as_utc
 from shared.messages import Verdict, VerdictState
 from shared.stalls import parse_heartbeat
@@ -80,9 +90,11 @@ __all__ = [
     "REASON_RESTART_STORM",
     "REASON_STALLED",
     "REASON_SUCCEEDED",
+    "AttemptFailure",
     "Decision",
     "Finding",
     "assess",
+    "classify_attempt",
     "evaluate",
     "verdict_msg_id",
 ]
@@ -118,9 +130,85 @@ class Finding:
     deadline: datetime | None = None
     # The earliest later time at which this finding changes with no new input, if any.
     next_check: datetime | None = None
-    # The failure's class and code (docs/failures.md), "" when not known here.
+    # The attempt's failure class and code, and whose fault it is (docs/failures.md); "" when
+    # the finding is not about failed pods.
     failure_class: str = ""
     failure_code: str = ""
+    fault_kind: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFailure:
+    """The failed pods of one attempt, judged together."""
+
+    failure_class: FailureClass
+    code: str
+    # The pod whose class and code the attempt's are, and why it has them.
+    pod: str
+    classification: Classification
+    fault_kind: str
+    # The nodes blamed (none for an application fault).
+    nodes: tuple[str, ...]
+
+    def describe(self) -> str:
+        return self.classification.describe(self.pod)
+
+
+def _facts(pod: PodRecord) -> FailureFacts:
+    return (
+        pod.facts
+        if pod.facts is not None
+        else FailureFacts(pod=pod.name, node=pod.node_name, failed_at=pod.failed_at)
+    )
+
+
+def classify_attempt(
+    aw: AppWrapperView, failed: Iterable[PodRecord], settings: FailureSettings, pods: int
+) -> AttemptFailure | None:
+    """Classify every failed pod of the attempt and combine: Permanent if any pod's is,
+    Transient if every pod's is, else Unknown; the code is that of the pod that decides (the
+    first by name of the deciding class). ``pods``: how many pods the attempt has."""
+    judged = [
+        (
+            pod,
+            classify(
+                _facts(pod), exit_codes=aw.exit_codes, workload=aw.failure_patterns, table=settings.table
+            ),
+        )
+        for pod in sorted(failed, key=lambda p: p.name)
+    ]
+    if not judged:
+        return None
+    classes = {c.failure_class for _, c in judged}
+    if FailureClass.PERMANENT in classes:
+        deciding = FailureClass.PERMANENT
+    elif classes == {FailureClass.TRANSIENT}:
+        deciding = FailureClass.TRANSIENT
+    else:
+        deciding = FailureClass.UNKNOWN
+    pod, found = next((p, c) for p, c in judged if c.failure_class is deciding)
+    blame = attribute(
+        [
+            PodFailure(
+                pod=p.name,
+                node=p.node_name,
+                code=c.code,
+                failure_class=c.failure_class,
+                failed_at=p.failed_at,
+            )
+            for p, c in judged
+        ],
+        pods=max(pods, len(judged)),
+        window=settings.application_fault_window,
+    )
+    return AttemptFailure(
+        failure_class=deciding,
+        code=found.code,
+        pod=pod.name,
+        classification=found,
+        fault_kind=str(blame.kind),
+        nodes=blame.nodes,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,15 +304,6 @@ def _components(state: AppWrapperHealth, aw: AppWrapperView) -> list[ComponentRe
     ]
 
 
-def _terminal_failure(aw: AppWrapperView, failed: Iterable[PodRecord]) -> str:
-    """A description of the first terminal exit code among failed pods, or ''."""
-    for pod in sorted(failed, key=lambda p: p.name):
-        for code in pod.exit_codes:
-            if aw.exit_codes.is_terminal(code):
-                return f"exit code {code} of pod {pod.name} is terminal"
-    return ""
-
-
 def _missing_component(aw: AppWrapperView, missing: list[ComponentRecord]) -> Finding:
     gone = _names(f"{c.kind}/{c.name}" for c in missing if c.deleted)
     going = _names(f"{c.kind}/{c.name}" for c in missing if not c.deleted)
@@ -246,32 +325,45 @@ def _missing_component(aw: AppWrapperView, missing: list[ComponentRecord]) -> Fi
     )
 
 
-def _failed_component(aw: AppWrapperView, failed: list[ComponentRecord], pods: _Pods) -> Finding:
-    terminal = _terminal_failure(aw, pods.failed)
+def _attempt_pods(aw: AppWrapperView, pods: _Pods) -> int:
+    if aw.expected_pods is not None:
+        return aw.expected_pods
+    return pods.pending + len(pods.running) + pods.succeeded + len(pods.failed)
+
+
+def _failed_component(
+    aw: AppWrapperView, failed: list[ComponentRecord], pods: _Pods, settings: FailureSettings
+) -> Finding:
+    judged = classify_attempt(aw, pods.failed, settings, _attempt_pods(aw, pods))
     details = _names(
         f"{c.kind}/{c.name}" + (f" ({c.status_message})" if c.status_message else "") for c in failed
     )
     message = f"Found {len(failed)} failed components: {details}"
-    if terminal:
-        message += f"; {terminal}"
+    if judged is not None:
+        message += f"; {judged.failure_class} ({judged.code}): {judged.describe()}"
     return Finding(
         state="Unhealthy",
         reason=str(Reason.FAILED_COMPONENT),
         message=message,
-        terminal=bool(terminal),
+        # Upstream's terminal exit codes make a pod's class Permanent (docs/failures.md).
+        terminal=judged is not None and judged.failure_class is FailureClass.PERMANENT,
+        nodes=judged.nodes if judged is not None else (),
         first_unhealthy_at=min(c.failed_at or c.observed_at for c in failed),
+        failure_class=str(judged.failure_class) if judged is not None else "",
+        failure_code=judged.code if judged is not None else "",
+        fault_kind=judged.fault_kind if judged is not None else "",
     )
 
 
-def _failed_pods(aw: AppWrapperView, pods: _Pods, now: datetime) -> Finding:
+def _failed_pods(aw: AppWrapperView, pods: _Pods, now: datetime, settings: FailureSettings) -> Finding:
     grace = aw.params.ft.failure_grace
     first = min(p.failed_at or p.observed_at for p in pods.failed)
     deadline = first + grace
-    terminal = _terminal_failure(aw, pods.failed)
+    judged = classify_attempt(aw, pods.failed, settings, _attempt_pods(aw, pods))
+    if judged is None:  # pragma: no cover - only called with failed pods
+        return Finding(state="Healthy")
     message = f"{len(pods.failed)} failed pods: {_names(p.name for p in pods.failed)}"
-    if terminal:
-        message += f"; {terminal}"
-    nodes = tuple(sorted({p.node_name for p in pods.failed if p.node_name}))
+    message += f"; {judged.failure_class} ({judged.code}): {judged.describe()}"
     unhealthy = now >= deadline
     if not unhealthy:
         message += f"; failure grace period {format_go_duration(grace)} ends at {_kube_time(deadline)}"
@@ -279,11 +371,14 @@ def _failed_pods(aw: AppWrapperView, pods: _Pods, now: datetime) -> Finding:
         state="Unhealthy" if unhealthy else "Healthy",
         reason=str(Reason.FOUND_FAILED_PODS),
         message=message,
-        terminal=bool(terminal),
-        nodes=nodes,
+        terminal=judged.failure_class is FailureClass.PERMANENT,
+        nodes=judged.nodes,
         first_unhealthy_at=first,
         deadline=deadline,
         next_check=None if unhealthy else deadline,
+        failure_class=str(judged.failure_class),
+        failure_code=judged.code,
+        fault_kind=judged.fault_kind,
     )
 
 
@@ -465,7 +560,7 @@ def assess(state: AppWrapperHealth, aw: AppWrapperView, now: datetime) -> Findin
         return _missing_component(aw, missing)
     failed_components = [c for c in components if c.failed]
     if failed_components:
-        return _failed_component(aw, failed_components, pods)
+        return _failed_component(aw, failed_components, pods, state.failures)
     tolerated = 0
     if aw.completion is not None:
         pods, tolerated, by_policy = _completion(state, aw.completion, pods, aw.attempt_started_at)
@@ -482,7 +577,7 @@ def assess(state: AppWrapperHealth, aw: AppWrapperView, now: datetime) -> Findin
             message=f"{pods.succeeded} pods succeeded and no running, pending, or failed pods",
         )
     if pods.failed:
-        return _failed_pods(aw, pods, now)
+        return _failed_pods(aw, pods, now, state.failures)
     no_execute = _no_execute(state, pods)
     if no_execute is not None:
         return no_execute
@@ -570,6 +665,9 @@ def _signature_of_verdict(v: Verdict) -> _Signature:
         v.resetting_count,
         v.attempt_started_at,
         tuple(v.warnings),
+        v.failure_class,
+        v.failure_code,
+        v.fault_kind,
     )
 
 
@@ -586,6 +684,9 @@ def _signature(aw: AppWrapperView, f: Finding) -> _Signature:
         aw.resetting_count,
         aw.attempt_started_at,
         aw.warnings,
+        f.failure_class,
+        f.failure_code,
+        f.fault_kind,
     )
 
 
@@ -625,5 +726,6 @@ def evaluate(state: AppWrapperHealth, now: datetime) -> Decision:
         attempt_started_at=aw.attempt_started_at,
         failure_class=finding.failure_class,
         failure_code=finding.failure_code,
+        fault_kind=finding.fault_kind,
     )
     return Decision(remember_published(state, verdict), verdict, finding.next_check)

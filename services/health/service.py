@@ -37,7 +37,15 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 
 from services.health.rules import evaluate
-from services.health.state import AppWrapperHealth, affected_by, apply, gone, remember_published, supersedes
+from services.health.state import (
+    AppWrapperHealth,
+    FailureSettings,
+    affected_by,
+    apply,
+    gone,
+    remember_published,
+    supersedes,
+)
 from shared import metrics, subjects
 from shared.bus import Delivery, Replay, replay_consumer_name, until_done
 from shared.bus.membership import Membership
@@ -60,7 +68,9 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("respawn.health")
 
 VERDICTS = metrics.counter(
-    "respawn_health_verdicts", "Verdicts published, by state and reason", ["state", "reason"]
+    "respawn_health_verdicts",
+    "Verdicts published, by state, reason and failure class",
+    ["state", "reason", "failure_class"],
 )
 TRACKED = metrics.gauge("respawn_health_appwrappers", "AppWrappers held in memory by this replica")
 OBSERVATIONS = metrics.counter(
@@ -101,6 +111,10 @@ class HealthService:
         self.rt = rt
         self.defaults = rt.config.to_fault_tolerance()
         self.stall_defaults = rt.config.health.stall_defaults()
+        self.failures = FailureSettings(
+            table=rt.config.failures.table(),
+            application_fault_window=rt.config.failures.application_fault_window,
+        )
         self.states: dict[Key, AppWrapperHealth] = {}
         # The partition each held AppWrapper was loaded through (it is let go of with it).
         self.partition_by_key: dict[Key, int] = {}
@@ -121,7 +135,11 @@ class HealthService:
         state = self.states.get(key)
         if state is None:
             state = AppWrapperHealth(
-                namespace=key[0], name=key[1], defaults=self.defaults, stall_defaults=self.stall_defaults
+                namespace=key[0],
+                name=key[1],
+                defaults=self.defaults,
+                stall_defaults=self.stall_defaults,
+                failures=self.failures,
             )
             for nv in self.node_verdicts.values():
                 state = apply(state, nv)
@@ -171,7 +189,7 @@ class HealthService:
                 },
             ):
                 await self.rt.bus.publish(subjects.verdict(key[0], key[1]), v, msg_id=decision.msg_id)
-            VERDICTS.labels(state=v.state, reason=v.reason or "-").inc()
+            VERDICTS.labels(state=v.state, reason=v.reason or "-", failure_class=v.failure_class or "-").inc()
             log.info(
                 "verdict %s/%s %s %s%s",
                 key[0],

@@ -17,6 +17,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from services.health.view import AppWrapperView, view_of
+from shared.failures import failure_table
+from shared.failures.blame import DEFAULT_WINDOW
+from shared.failures.facts import ContainerExit, FailureFacts, PodCondition
+from shared.failures.patterns import FailurePattern
 from shared.faulttolerance import FaultTolerance
 from shared.kubetime import as_utc
 from shared.messages import (
@@ -33,11 +37,13 @@ __all__ = [
     "AppWrapperHealth",
     "ComponentRecord",
     "ContainerRestarts",
+    "FailureSettings",
     "Observation",
     "PodRecord",
     "Storm",
     "affected_by",
     "apply",
+    "failure_facts",
     "gone",
     "remember_published",
     "supersedes",
@@ -101,6 +107,10 @@ class PodRecord:
     # The observation time of the first Running observation of this pod (uid).
     running_since: datetime | None = None
 
+    # What the failure is classified on (docs/failures.md); kept for Failed pods only, the
+    # others never need it.
+    facts: FailureFacts | None = None
+
 
 @dataclass(frozen=True, slots=True)
 class ComponentRecord:
@@ -119,6 +129,16 @@ class ComponentRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class FailureSettings:
+    """The operator's side of failure classification (the ``failures`` config section)."""
+
+    # The operator's table: its own patterns ahead of the defaults, or instead of them.
+    table: tuple[FailurePattern, ...] = field(default_factory=failure_table)
+    # Failures of one attempt this close together, all alike, are the application's fault.
+    application_fault_window: timedelta = DEFAULT_WINDOW
+
+
+@dataclass(frozen=True, slots=True)
 class AppWrapperHealth:
     namespace: str
     name: str
@@ -126,6 +146,8 @@ class AppWrapperHealth:
     defaults: FaultTolerance = field(default_factory=FaultTolerance)
     # Operator-level restart-storm parameters (the health section of the configuration).
     stall_defaults: StallDefaults = field(default_factory=StallDefaults)
+
+    failures: FailureSettings = field(default_factory=FailureSettings)
     appwrapper: AppWrapperView | None = None
     # Keyed by pod name.
     pods: Mapping[str, PodRecord] = field(default_factory=dict)
@@ -243,6 +265,39 @@ def _restarts(
     return tuple(_track(known.get((c.init, c.name)), c, at, created, policy) for c in obs.containers)
 
 
+def _container_exit(c: ContainerState) -> ContainerExit:
+    if c.state == "terminated":
+        return ContainerExit(
+            name=c.name, init=c.init, exit_code=c.exit_code, reason=c.reason, message=c.message
+        )
+    if c.state == "waiting":
+        return ContainerExit(name=c.name, init=c.init, reason=c.reason, message=c.message)
+    return ContainerExit(name=c.name, init=c.init)
+
+
+def failure_facts(obs: PodObservation, failed_at: datetime | None) -> FailureFacts:
+    """The facts a failure of this pod is classified on, from its observation alone.
+
+    The node's state and whether someone else deleted the pod are not in a pod observation;
+    they are left unknown (``""``, False), so the table rows that need them do not match.
+    """
+    # Init containers first, as FailureFacts expects (first_failed prefers a non-init one).
+    ordered = sorted(obs.containers, key=lambda c: not c.init)
+    return FailureFacts(
+        pod=obs.ref.name,
+        node=obs.node_name,
+        phase=obs.phase,
+        reason=obs.reason,
+        message=obs.message,
+        containers=tuple(_container_exit(c) for c in ordered),
+        conditions=tuple(
+            PodCondition(type=c.type, status=c.status, reason=c.reason, message=c.message)
+            for c in obs.conditions
+        ),
+        failed_at=failed_at,
+    )
+
+
 def _apply_pod(state: AppWrapperHealth, obs: PodObservation) -> AppWrapperHealth:
     name = obs.ref.name
     previous = state.pods.get(name)
@@ -254,6 +309,7 @@ def _apply_pod(state: AppWrapperHealth, obs: PodObservation) -> AppWrapperHealth
         return replace(state, pods=pods)
     same = previous is not None and previous.uid == obs.ref.uid
     observed_at = as_utc(obs.observed_at)
+    failed_at = _failed_at(obs, previous)
     pods[name] = PodRecord(
         name=name,
         uid=obs.ref.uid,
@@ -268,7 +324,7 @@ def _apply_pod(state: AppWrapperHealth, obs: PodObservation) -> AppWrapperHealth
             for c in obs.containers
             if not c.init and c.state == "terminated" and c.exit_code is not None and c.exit_code != 0
         ),
-        failed_at=_failed_at(obs, previous),
+        failed_at=failed_at,
         pod_set=obs.pod_set,
         restarts=_restarts(obs, previous, _stall_policy(state)),
         heartbeat=obs.heartbeat,
@@ -286,6 +342,7 @@ def _apply_pod(state: AppWrapperHealth, obs: PodObservation) -> AppWrapperHealth
             if obs.phase == "Running"
             else None
         ),
+        facts=failure_facts(obs, failed_at) if obs.phase == "Failed" else None,
     )
     return replace(state, pods=pods)
 

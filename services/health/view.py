@@ -22,6 +22,8 @@ from shared.appwrapper.params import (
     exit_code_policy,
 )
 from shared.appwrapper.podsets import expected_pod_count
+from shared.failures.annotation import workload_patterns
+from shared.failures.patterns import FailurePattern
 from shared.faulttolerance import FaultTolerance
 from shared.kubetime import parse_kube_time
 from shared.messages import AppWrapperObservation, ObjectRef
@@ -53,6 +55,8 @@ class AppWrapperView:
     exit_codes: ExitCodePolicy = field(default_factory=ExitCodePolicy)
     # The respawn.dev/completion-policy annotation; None: the default (all succeed, one fails).
     completion: CompletionPolicy | None = None
+    # The workload's own failure patterns (respawn.dev/failure-patterns); none when refused.
+    failure_patterns: tuple[FailurePattern, ...] = ()
     warnings: tuple[str, ...] = ()
     # Restart storms and the progress heartbeat (shared.stalls): respawn.dev/restart-storm and
     # respawn.dev/heartbeat-timeout over the operator's defaults.
@@ -94,6 +98,10 @@ def view_of(
         *stalls.warnings,
     ]
     heartbeat = fields.annotations.get(HEARTBEAT_ANNOTATION)
+    patterns = workload_patterns(fields.annotations)
+    if patterns.error:
+        # Refused as a whole: the operator's table classifies this workload's failures.
+        warnings.append(patterns.error)
 
     expected: int | None
     try:
@@ -122,6 +130,7 @@ def view_of(
         params=params,
         exit_codes=exit_codes,
         completion=completion,
+        failure_patterns=patterns.patterns,
         warnings=tuple(warnings),
         stalls=stalls,
         heartbeat=heartbeat[:HEARTBEAT_LIMIT] if isinstance(heartbeat, str) else "",

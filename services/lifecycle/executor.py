@@ -63,7 +63,9 @@ COMPONENT = "respawn-lifecycle"
 EVENTS = ResourceRef(group="", version="v1", plural="events", kind="Event", namespaced=True)
 
 PHASES = metrics.counter("respawn_lifecycle_phase_transitions", "Phase transitions", ["phase"])
-RESETS = metrics.counter("respawn_lifecycle_resets", "Resets started, by cause", ["reason"])
+RESETS = metrics.counter(
+    "respawn_lifecycle_resets", "Resets started, by cause and failure class", ["reason", "failure_class"]
+)
 ESCALATIONS = metrics.counter(
     "respawn_lifecycle_deletion_escalations", "Deletions escalated to grace period 0"
 )
@@ -438,7 +440,7 @@ class Executor:
             if event.event == LifecycleEventType.PHASE_CHANGED:
                 PHASES.labels(phase=event.phase).inc()
             elif event.event == LifecycleEventType.RESET_STARTED:
-                RESETS.labels(reason=event.reason or "-").inc()
+                RESETS.labels(reason=event.reason or "-", failure_class=event.failure_class or "-").inc()
                 if verdict is not None and verdict.first_unhealthy_at is not None:
                     UNHEALTHY_TO_RESET.observe(
                         max(0.0, (self.clock() - verdict.first_unhealthy_at).total_seconds())

@@ -107,6 +107,9 @@ from shared.appwrapper.params import DELETION_ON_FAILURE_GRACE_PERIOD_ANNOTATION
 from shared.appwrapper.podsets import component_pod_sets, expected_pod_count
 from shared.config import NodeExclusionConfig
 from shared.durations import format_go_duration
+from shared.failures.annotation import transient_retry_limit
+from shared.failures.budget import RetryAction, decide_retry
+from shared.failures.patterns import FailureClass
 from shared.faulttolerance import FaultTolerance
 from shared.kubetime import as_utc, format_kube_time
 from shared.messages import LifecycleEvent, ObjectRef, Verdict
@@ -115,6 +118,7 @@ __all__ = [
     "COMPONENT_NOT_CONTROLLED_EVENT",
     "CREATE_RETRY_INTERVAL",
     "FORCEFUL_DELETION_EVENT",
+    "TRANSIENT_RETRY_COUNT",
     "FinalizerChange",
     "Plan",
     "needs_attention",
@@ -132,6 +136,17 @@ _MAX_STEPS: Final = 8
 # Reason of the Warning Event that tells the AppWrapper's owner a component's name is taken by
 # an object someone else controls, which lifecycle leaves alone (never deletes).
 COMPONENT_NOT_CONTROLLED_EVENT: Final = "ComponentNotControlled"
+
+
+# status field: the retries of Transient failures, which do not count toward retryLimit
+# (docs/failures.md). Written with the Resetting status it counts, in one write.
+TRANSIENT_RETRY_COUNT: Final = "transientRetryCount"
+
+
+def transient_retry_count(status: Mapping[str, Any]) -> int:
+    """status.transientRetryCount; anything but a non-negative integer reads as 0."""
+    value = status.get(TRANSIENT_RETRY_COUNT)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 class FinalizerChange(StrEnum):
@@ -170,6 +185,7 @@ def reconcile(
     *,
     hooks: Sequence[PodTemplateHook] = (),
     node_exclusion: NodeExclusionConfig | None = None,
+    transient_limit: int = 10,
 ) -> Plan:
     """Decide what to do next for ``aw``.
 
@@ -179,9 +195,13 @@ def reconcile(
     template when components are (re)created, e.g. Autopilot anti-affinity and node exclusion.
     ``node_exclusion``, when enabled, makes a reset after failed pods record the nodes they
     failed on (from ``observed.nodes``; nothing is recorded when the nodes were not read).
+    ``transient_limit`` is the operator's transient retry limit (``failures.transientRetryLimit``);
+    the AppWrapper's ``respawn.dev/transient-retry-limit`` annotation overrides it.
     """
     exclusion = node_exclusion if node_exclusion is not None and node_exclusion.enabled else None
-    return _Reconciliation(aw, observed, verdict, params, as_utc(now), tuple(hooks), exclusion).run()
+    return _Reconciliation(
+        aw, observed, verdict, params, as_utc(now), tuple(hooks), exclusion, transient_limit
+    ).run()
 
 
 def needs_attention(aw: Mapping[str, Any], now: datetime | None = None) -> bool:
@@ -232,9 +252,14 @@ class _Reconciliation:
         now: datetime,
         hooks: tuple[PodTemplateHook, ...],
         exclusion: NodeExclusionConfig | None,
+        transient_limit: int = 10,
     ) -> None:
         self.aw = aw
         self.meta = _mapping(aw.get("metadata"))
+        # The annotation's problems are reported by validation.parameters, not here.
+        self.transient_limit = transient_retry_limit(
+            _mapping(self.meta.get("annotations")), transient_limit
+        ).limit
         self.spec = _mapping(aw.get("spec"))
         raw_components = self.spec.get("components")
         self.components: list[Any] = raw_components if isinstance(raw_components, list) else []
@@ -451,6 +476,7 @@ class _Reconciliation:
         reason: str = "",
         message: str = "",
         nodes: tuple[str, ...] = (),
+        failure: tuple[str, str] = ("", ""),
     ) -> None:
         count = resetting_count(self.status)
         ref = self._ref()
@@ -466,6 +492,8 @@ class _Reconciliation:
                     resetting_count=count,
                     nodes=nodes,
                     at=self.now,
+                    failure_class=failure[0],
+                    failure_code=failure[1],
                 ),
                 # Given in _with_ids, from the transition the plan's final status records.
                 msg_id="",
@@ -481,6 +509,7 @@ class _Reconciliation:
         event_type: Literal["Normal", "Warning"] = "Normal",
         record_event: bool = True,
         nodes: tuple[str, ...] = (),
+        failure: tuple[str, str] = ("", ""),
     ) -> None:
         previous = self.phase
         self.status["phase"] = str(phase)
@@ -492,6 +521,7 @@ class _Reconciliation:
             reason=reason,
             message=message,
             nodes=nodes,
+            failure=failure,
         )
 
     # ------------------------------------------------------ component status
@@ -583,8 +613,12 @@ class _Reconciliation:
         self._event("Normal", EventReason.SUSPENDING, message)
         self._transition(Phase.SUSPENDING, message, reason=EventReason.SUSPENDING, record_event=False)
 
-    def _fail(self, reason: str, message: str, nodes: tuple[str, ...] = ()) -> None:
-        self._transition(Phase.FAILED, message, reason=reason, event_type="Warning", nodes=nodes)
+    def _fail(
+        self, reason: str, message: str, nodes: tuple[str, ...] = (), *, failure: tuple[str, str] = ("", "")
+    ) -> None:
+        self._transition(
+            Phase.FAILED, message, reason=reason, event_type="Warning", nodes=nodes, failure=failure
+        )
         if (
             self.params.deletion_on_failure_grace > timedelta(0)
             and not self.suspend
@@ -638,6 +672,52 @@ class _Reconciliation:
         self._transition(Phase.RESETTING, text, reason=reason, nodes=nodes)
         self._announce(LifecycleEventType.RESET_STARTED, reason=reason, message=message, nodes=nodes)
         if reason == Reason.FOUND_FAILED_PODS:
+            self._exclude_nodes(nodes)
+
+    def _retry_by_class(self, verdict: Verdict, reason: str, message: str, nodes: tuple[str, ...]) -> None:
+        """The retry budget of a classified failure (docs/failures.md, "The retry budget")."""
+        failure = (verdict.failure_class, verdict.failure_code)
+        count = resetting_count(self.status)
+        transient = transient_retry_count(self.status)
+        decision = decide_retry(
+            FailureClass(verdict.failure_class),
+            resetting_count=count,
+            retry_limit=self.params.retry_limit,
+            transient_count=transient,
+            transient_limit=self.transient_limit,
+        )
+        if decision.action is RetryAction.FAIL:
+            # Past the retry limit, said as upstream says it (and as a verdict without a class).
+            why = (
+                decision.message
+                if decision.counted or verdict.failure_class == FailureClass.PERMANENT
+                else decision.message.replace(
+                    f"retry limit ({self.params.retry_limit}) reached",
+                    f"the retry limit of {self.params.retry_limit} is reached",
+                )
+            )
+            text = f"{reason}: {message}; {why}" if message else f"{reason}; {why}"
+            self._fail(reason, text, nodes, failure=failure)
+            return
+        if decision.counted:
+            self.status["resettingCount"] = count + 1
+        elif verdict.counts_toward_retry:
+            # Not counted toward retryLimit, but toward the transient limit, in the same write
+            # as the Resetting status: a crash can neither lose nor repeat it.
+            self.status[TRANSIENT_RETRY_COUNT] = transient + 1
+        # (An Autopilot migration, counts_toward_retry False, is counted by neither.)
+        self.reset_started = True
+        text = (
+            f"Resetting after {reason}: {message} ({decision.message})"
+            if message
+            else f"Resetting after {reason} ({decision.message})"
+        )
+        self._transition(Phase.RESETTING, text, reason=reason, nodes=nodes, failure=failure)
+        self._announce(
+            LifecycleEventType.RESET_STARTED, reason=reason, message=message, nodes=nodes, failure=failure
+        )
+        if reason == Reason.FOUND_FAILED_PODS:
+            # The nodes the verdict blames: none for an application fault.
             self._exclude_nodes(nodes)
 
     def _exclude_nodes(self, failed: tuple[str, ...]) -> None:
@@ -878,16 +958,21 @@ class _Reconciliation:
                 start = transition_time(self.conditions, ConditionType.RESOURCES_DEPLOYED)
                 if start is not None:
                     marked = max(marked, start)
-            self._unhealthy(reason, verdict.message, transition_at=marked)
+            message = _with_class(verdict)
+            self._unhealthy(reason, message, transition_at=marked)
             nodes = tuple(verdict.nodes)
+            failure = (verdict.failure_class, verdict.failure_code)
             if reason == Reason.MISSING_COMPONENT:
-                self._fail(reason, verdict.message, nodes)
+                self._fail(reason, message, nodes, failure=failure)
+            elif verdict.failure_class in _CLASSES:
+                self._retry_by_class(verdict, reason, message, nodes)
             else:
+                # A verdict without a class (an older health, or not about failed pods).
                 self._reset_or_fail(
                     terminal=verdict.terminal,
                     increment=1 if verdict.counts_toward_retry else 0,
                     reason=reason,
-                    message=verdict.message,
+                    message=message,
                     nodes=nodes,
                 )
             return True
@@ -1095,6 +1180,20 @@ class _Reconciliation:
                 MSG_NO_RESOURCES_DEPLOYED,
             )
         self.finalizer = FinalizerChange.REMOVE
+
+
+_CLASSES: Final = frozenset(str(c) for c in FailureClass)
+
+
+def _with_class(verdict: Verdict) -> str:
+    """The verdict's message, naming its failure class and code if it does not already."""
+    message = verdict.message
+    if verdict.failure_class not in _CLASSES:
+        return message
+    named = f"{verdict.failure_class} ({verdict.failure_code})"
+    if named in message:
+        return message
+    return f"{message}; {named}" if message else named
 
 
 def _pod_sets(entry: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:

@@ -103,9 +103,11 @@ class Reconciler:
         on_gone: Callable[[Key], None] = lambda key: None,
         clock: Callable[[], datetime] = utcnow,
         failures: Failures | None = None,
+        transient_limit: int = 10,
     ) -> None:
         """``defaults``: the operator's fault-tolerance parameters (an AppWrapper's annotations
-        override them); ``on_gone`` is told of AppWrappers found deleted; ``clock`` is the
+        override them); ``transient_limit``: the operator's transient retry limit (the same);
+        ``on_gone`` is told of AppWrappers found deleted; ``clock`` is the
         server's time (see :class:`~services.lifecycle.serverclock.ServerClock`)."""
         self.reader = reader
         self.executor = executor
@@ -114,6 +116,7 @@ class Reconciler:
         self.defaults = defaults
         self.hooks = tuple(hooks)
         self.node_exclusion = node_exclusion
+        self.transient_limit = transient_limit
         self.on_gone = on_gone
         self.clock = clock
         self.failures = failures if failures is not None else Failures(executor.announce_one)
@@ -171,7 +174,7 @@ class Reconciler:
                 RECONCILES.labels(outcome="gone").inc()
                 return VerdictUse.SETTLED
             state.aw = aw
-            effective = validation.parameters(aw, self.defaults)
+            effective = validation.parameters(aw, self.defaults, self.transient_limit)
             params = effective.ft
             await self._tell_problems(aw, effective.warnings)
             was = str(_mapping(aw.get("status")).get("phase", ""))
@@ -202,6 +205,7 @@ class Reconciler:
                 now,
                 hooks=self.hooks,
                 node_exclusion=self.node_exclusion,
+                transient_limit=self.transient_limit,
             )
             # Announcements of the status in hand that a process killed after writing it never
             # sent (or never recorded as sent): derived from that status, with the ids the

@@ -154,6 +154,7 @@ class Lifecycle:
             defaults=config.to_fault_tolerance(),
             hooks=hooks_for(config),
             node_exclusion=config.node_exclusion if nodes is not None else None,
+            transient_limit=config.failures.transient_retry_limit,
             on_gone=self.latest.forget,
             clock=self.clock.now,
         )

@@ -19,6 +19,7 @@ from typing import Any, Final
 from services.lifecycle.conditions import parse_time
 from shared.appwrapper.constants import Phase
 from shared.appwrapper.params import EffectiveParams, effective_fault_tolerance
+from shared.failures.annotation import transient_retry_limit
 from shared.faulttolerance import FaultTolerance
 
 __all__ = ["INVALID_VALUE_EVENT", "Problem", "parameters", "problems"]
@@ -47,14 +48,19 @@ def _shown(value: Any) -> str:
     return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
 
 
-def parameters(aw: Mapping[str, Any], defaults: FaultTolerance) -> EffectiveParams:
+def parameters(aw: Mapping[str, Any], defaults: FaultTolerance, transient_limit: int = 10) -> EffectiveParams:
     """The AppWrapper's effective fault-tolerance parameters (annotations over ``defaults``),
-    with a warning for each annotation value that could not be used as given."""
+    with a warning for each annotation value that could not be used as given (the transient
+    retry limit's too: the machine reads it from the annotation, over ``transient_limit``)."""
     annotations = _mapping(aw.get("metadata")).get("annotations")
     if not isinstance(annotations, Mapping):
         return EffectiveParams(ft=defaults)
     try:
-        return effective_fault_tolerance(annotations, defaults)
+        effective = effective_fault_tolerance(annotations, defaults)
+        transient = transient_retry_limit(annotations, transient_limit)
+        if transient.warning:
+            return EffectiveParams(ft=effective.ft, warnings=(*effective.warnings, transient.warning))
+        return effective
     except Exception as exc:  # a value the parser did not foresee: the defaults, and say so
         return EffectiveParams(
             ft=defaults,

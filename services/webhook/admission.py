@@ -48,6 +48,7 @@ from shared.appwrapper.constants import (
 from shared.appwrapper.control import parse_completion_policy, parse_stop
 from shared.appwrapper.model import AppWrapperComponent
 from shared.appwrapper.podsets import component_pod_sets, validate_appwrapper_pod_sets, validate_pod_sets
+from shared.failures.annotation import FAILURE_PATTERNS_ANNOTATION, workload_patterns
 
 __all__ = [
     "REVIEW_API_VERSION",
@@ -661,6 +662,35 @@ def _creator_errors(request: AdmissionRequest, obj: Mapping[str, Any]) -> list[_
     return errors
 
 
+def _annotations(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    found = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return found if isinstance(found, Mapping) else {}
+
+
+def _pattern_errors(obj: Mapping[str, Any] | None, old: Mapping[str, Any] | None = None) -> list[_FieldError]:
+    """A respawn.dev/failure-patterns value that cannot be used (docs/failures.md).
+
+    Health would refuse it as a whole and classify with the operator's table alone; refusing
+    it at admission tells the author at once. On an update only a changed value is judged, so
+    an AppWrapper admitted before this check existed can still be updated (or deleted).
+    """
+    annotations = _annotations(obj)
+    if FAILURE_PATTERNS_ANNOTATION not in annotations:
+        return []
+    if (
+        old is not None
+        and _annotations(old).get(FAILURE_PATTERNS_ANNOTATION) == annotations[FAILURE_PATTERNS_ANNOTATION]
+    ):
+        return []
+    found = workload_patterns(annotations)
+    if not found.error:
+        return []
+    return [
+        _FieldError(f"metadata.annotations[{FAILURE_PATTERNS_ANNOTATION}]", ErrorType.INVALID, found.error)
+    ]
+
+
 def _validate_create(
     request: AdmissionRequest,
     obj: Mapping[str, Any],
@@ -673,6 +703,7 @@ def _validate_create(
         return _denied(too_big)
     errors: list[_FieldError] = _creator_errors(request, obj)
     errors += _control_errors(obj)
+    errors += _pattern_errors(obj)
     errors += _reserved_errors(obj, _templates(obj))
     components: dict[int, AppWrapperComponent] = {}
     for index, template in enumerate(_templates(obj)):
@@ -729,6 +760,7 @@ def _validate_update(request: AdmissionRequest) -> AdmissionResponse:
         if old.get(key) != new.get(key)
     ]
     errors += _control_errors(request.object)
+    errors += _pattern_errors(request.object, request.old_object)
     return _denied(errors) if errors else AdmissionResponse(allowed=True)
 
 

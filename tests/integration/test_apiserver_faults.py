@@ -174,7 +174,7 @@ async def test_workloads_come_out_right_while_the_api_server_fails_a_quarter_of_
         await wait_phase(kc, namespace, name, "Running", within=60)
         pods = await until(f"{name}'s pods running", lambda: running_pods(kc, namespace, name))  # noqa: B023
         first_jobs[name] = pods[0]["metadata"]["ownerReferences"][0]["uid"]
-        sim.fail_pod(kc, namespace, pods[0]["metadata"]["name"], exit_code=137)
+        sim.fail_pod(kc, namespace, pods[0]["metadata"]["name"], exit_code=1)
 
     for name in FAULTY:
         done = await wait_phase(kc, namespace, name, "Succeeded", within=90)

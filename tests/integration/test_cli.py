@@ -149,7 +149,14 @@ async def test_status_tail_and_explain_tell_the_story_of_a_pod_that_failed_once(
     seqs = [r["seq"] for r in records]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     unhealthy = [r["payload"] for r in records if r["payload"]["state"] == "Unhealthy"]
-    assert unhealthy and unhealthy[0]["reason"] == "FoundFailedPods" and node in unhealthy[0]["nodes"]
+    assert unhealthy and unhealthy[0]["reason"] == "FoundFailedPods"
+    # Its only pod failed with an error of its own: the application's fault, no node blamed.
+    assert (unhealthy[0]["failure_class"], unhealthy[0]["failure_code"], unhealthy[0]["fault_kind"]) == (
+        "Unknown",
+        "ExitCode:3",
+        "Application",
+    )
+    assert unhealthy[0]["nodes"] == []
     assert records[-1]["payload"]["state"] == "Succeeded"
     assert all(r["traceId"] for r in records)  # tracing is on in the services: every verdict has one
     # From a stream sequence: only what follows it.
@@ -186,7 +193,7 @@ async def test_status_tail_and_explain_tell_the_story_of_a_pod_that_failed_once(
     text = ok(respawn("explain", f"{namespace}/once", env=env))
     assert text.splitlines()[0] == f"AppWrapper {namespace}/once: Succeeded, 1 reset"
     assert f"pod {pod_name} on {node}: deleted after Failed; main exited 3 (Error)" in text
-    assert f"1. FoundFailedPods on {node}" in text
+    assert "1. FoundFailedPods [Unknown ExitCode:3, application fault]: " in text
     assert "running again +" in text and "outcome: recovered (reset to attempt 1)" in text
     explained = json.loads(ok(respawn("explain", f"{namespace}/once", "--json", env=env)))
     assert explained["version"] == "respawn.cli/v1"
@@ -196,7 +203,12 @@ async def test_status_tail_and_explain_tell_the_story_of_a_pod_that_failed_once(
         "recovered",
         1,
     )
-    assert node in incident["nodes"]
+    assert (incident["failureClass"], incident["failureCode"], incident["faultKind"]) == (
+        "Unknown",
+        "ExitCode:3",
+        "Application",
+    )
+    assert incident["nodes"] == []
     detection, to_reset, recovery = (
         incident["detectionSeconds"],
         incident["timeToResetSeconds"],

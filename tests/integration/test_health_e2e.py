@@ -203,11 +203,17 @@ async def test_failed_pod_is_healthy_during_the_failure_grace_period_then_unheal
     assert grace.first_unhealthy_at is not None and grace.deadline is not None
     assert grace.deadline - grace.first_unhealthy_at == timedelta(seconds=3)
     assert grace.decided_at < grace.deadline
-    # After it: Unhealthy with the same clock, the pod's node, retryable (exit code 1 is not terminal).
+    # After it: Unhealthy with the same clock, retryable (exit code 1 is not terminal).
     assert final.first_unhealthy_at == grace.first_unhealthy_at and final.deadline == grace.deadline
     assert final.decided_at >= final.deadline
     assert final.terminal is False and final.counts_toward_retry is True
-    assert final.nodes == (node,)
+    # Its only pod failed with an error of its own: the application's fault, no node blamed.
+    assert (final.failure_class, final.failure_code, final.fault_kind) == (
+        "Unknown",
+        "ExitCode:1",
+        "Application",
+    )
+    assert final.nodes == () and node
     assert "fp-0" in final.message
     assert final.seq > grace.seq and final.attempt_started_at == grace.attempt_started_at
     assert final.ref.uid == get(kc, namespace, "appwrapper", "fp")["metadata"]["uid"]
@@ -378,7 +384,8 @@ async def test_terminal_exit_code_makes_the_failure_terminal(
     final = await verdicts.wait(unhealthy(Reason.FOUND_FAILED_PODS))
 
     assert final.terminal is True
-    assert "exit code 42" in final.message and "te-0" in final.message
+    assert (final.failure_class, final.failure_code) == ("Permanent", "ExitCode:42")
+    assert "Permanent (ExitCode:42)" in final.message and "te-0" in final.message
     # Lifecycle acts on it: Failed without using any of the three retries.
     aw = await wait_phase(kc, namespace, "te", "Failed")
     assert read_appwrapper(aw).resetting_count == 0

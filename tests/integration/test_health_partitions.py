@@ -167,7 +167,9 @@ async def test_a_killed_replicas_partitions_are_judged_by_the_survivor_within_th
         done=lambda found: shape(found) == {w.name: [("Healthy", "", 1)] for w in victims},
         within=10,
     )
-    assert metric(b, "respawn_health_verdicts_total", state="Healthy", reason="-") == len(victims)
+    assert metric(b, "respawn_health_verdicts_total", state="Healthy", reason="-", failure_class="-") == len(
+        victims
+    )
     assert held(a) == 0
 
     b.kill()

@@ -149,7 +149,7 @@ async def test_at_their_limits_the_streams_discard_the_oldest_and_nothing_is_los
         )
         await wait_phase(kc, namespace, "normal", "Running")
         [failing] = await until("normal's pod running", lambda: running_pods(kc, namespace, "normal"))
-        sim.fail_pod(kc, namespace, failing["metadata"]["name"], exit_code=137)
+        sim.fail_pod(kc, namespace, failing["metadata"]["name"], exit_code=1)
         done = await wait_phase(kc, namespace, "normal", "Succeeded", within=60)
         assert read_appwrapper(done).resetting_count == 1
         assert (await js.stream_info(subjects.OBSERVATIONS_STREAM)).state.messages == max_msgs
@@ -169,7 +169,7 @@ async def test_at_their_limits_the_streams_discard_the_oldest_and_nothing_is_los
             within=20,
         )
         late = start("health", "late")
-        sim.fail_pod(kc, namespace, pod["metadata"]["name"], exit_code=137)
+        sim.fail_pod(kc, namespace, pod["metadata"]["name"], exit_code=1)
         verdict = await obs.wait_last(
             subjects.VERDICTS_STREAM,
             subjects.verdict(namespace, "old"),

@@ -35,6 +35,7 @@ from services.webhook.admission import (
 from services.webhook.server import ServingCert, make_app, parse_options
 from shared.appwrapper.constants import APPWRAPPER_LABEL, QUEUE_NAME_LABEL, USER_ID_LABEL, USER_LABEL
 from shared.config import load_config
+from shared.failures.annotation import FAILURE_PATTERNS_ANNOTATION
 
 NS = "team-a"
 ALICE = {
@@ -944,3 +945,45 @@ def test_serving_cert_reloads_only_when_files_change(cert_files: tuple[Any, Any]
     later += 1_000_000_000
     os.utime(key, ns=(later, later))
     assert not cert.reload_if_changed()
+
+
+# ---------------------------------------------------------------- failure patterns
+
+GOOD_PATTERNS = '[{"exitCodes": [3], "class": "Permanent", "code": "BadInput"}]'
+BAD_PATTERNS = '[{"exitCodes": [3], "class": "Fatal"}]'
+
+
+def with_patterns(value: str | None) -> dict[str, Any]:
+    obj = appwrapper(job())
+    if value is not None:
+        obj["metadata"].setdefault("annotations", {})[FAILURE_PATTERNS_ANNOTATION] = value
+    return obj
+
+
+def test_valid_failure_patterns_are_admitted() -> None:
+    request = validating(with_patterns(GOOD_PATTERNS))
+    assert validation_response(request, allow_all(request)).allowed
+
+
+def test_invalid_failure_patterns_are_refused_with_the_reason() -> None:
+    request = validating(with_patterns(BAD_PATTERNS))
+    response = validation_response(request, allow_all(request))
+    assert not response.allowed
+    assert response.code == 422
+    assert response.message.startswith(
+        f"metadata.annotations[{FAILURE_PATTERNS_ANNOTATION}]: Invalid: "
+        f"{FAILURE_PATTERNS_ANNOTATION} refused: [0].class: Input should be"
+    )
+
+
+def test_an_update_is_refused_only_for_a_changed_invalid_value() -> None:
+    old = mutated(with_patterns(BAD_PATTERNS))
+    unchanged = copy.deepcopy(old)
+    unchanged["metadata"]["labels"]["team"] = "x"
+    assert validation_response(request_for(unchanged, operation="UPDATE", old=old), {}).allowed
+    good = mutated(with_patterns(GOOD_PATTERNS))
+    broken = copy.deepcopy(good)
+    broken["metadata"]["annotations"][FAILURE_PATTERNS_ANNOTATION] = "version: 2\npatterns: []"
+    response = validation_response(request_for(broken, operation="UPDATE", old=good), {})
+    assert not response.allowed
+    assert "version 2 is not supported" in response.message

@@ -543,3 +543,50 @@ def test_missing_connection_settings_are_one_error_line_and_exit_1(tmp_path: Any
         and result.output.startswith("error: kubeconfig ")
         and result.output.count("\n") == 1
     )
+
+
+def test_lines_show_the_failure_class_and_code_when_there_is_one() -> None:
+    v = unhealthy(2, failure_class="Transient", failure_code="Evicted", fault_kind="Infrastructure")
+    assert "  class=Transient code=Evicted fault=Infrastructure  attempt=0" in tail.verdict_line(v)
+    e = event(3, "ResetStarted", failure_class="Transient", failure_code="Evicted")
+    assert "  class=Transient code=Evicted  attempt=0" in tail.event_line(e)
+    assert "class=" not in tail.verdict_line(unhealthy(2))
+
+
+def test_explain_shows_each_incidents_failure_class_and_code() -> None:
+    timeline = explain.build_timeline(
+        [
+            explain.verdict_entry(
+                unhealthy(
+                    5, failure_class="Permanent", failure_code="BadInput", fault_kind="Application", nodes=()
+                )
+            ),
+            explain.event_entry(
+                event(6, "PhaseChanged", phase="Failed", failure_class="Permanent", failure_code="BadInput")
+            ),
+            # No verdict retained: the class comes from the reset's event.
+            explain.event_entry(
+                event(
+                    20, "ResetStarted", resetting_count=0, failure_class="Transient", failure_code="Evicted"
+                )
+            ),
+        ]
+    )
+    first, second = explain.find_incidents(timeline)
+    assert (first.failure_class, first.failure_code, first.fault_kind) == (
+        "Permanent",
+        "BadInput",
+        "Application",
+    )
+    assert (second.failure_class, second.failure_code, second.fault_kind) == ("Transient", "Evicted", "")
+    text = explain.render_explain("team-a", "llama", timeline, [first, second], None)
+    assert (
+        "  1. FoundFailedPods [Permanent BadInput, application fault]: pod llama-0 failed"
+        in text.splitlines()
+    )
+    assert "  2. unknown cause [Transient Evicted]" in text.splitlines()
+    doc = explain.explain_json("team-a", "llama", timeline, [first, second], None, CLI_OUTPUT_VERSION)
+    assert [(i["failureClass"], i["failureCode"], i["faultKind"]) for i in doc["incidents"]] == [
+        ("Permanent", "BadInput", "Application"),
+        ("Transient", "Evicted", ""),
+    ]

@@ -477,3 +477,20 @@ def test_a_failure_without_a_time_is_blamed_and_prevents_an_application_verdict(
     got = attribute([failure("a", "n1", 0), failure("b", "n2", None), failure("c", "", 0)], pods=3)
     assert (got.kind, got.nodes) == (FaultKind.INFRASTRUCTURE, ("n1", "n2"))
     assert attribute([], pods=1).nodes == ()
+
+
+def test_a_bad_pattern_in_the_config_file_stops_the_load_naming_it(tmp_path: Path) -> None:
+    config = tmp_path / "respawn.yaml"
+    config.write_text(
+        "failures:\n"
+        "  patterns:\n"
+        "    - reason: OOMKilled\n"
+        "      class: Permanent\n"
+        "    - exitCodes: ['9-1']\n"
+        "      class: Transient\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(config, env={})
+    message = str(caught.value)
+    assert message.startswith("invalid configuration")
+    assert "failures.patterns[1].exitCodes: '9-1': a range must run from low to high" in message

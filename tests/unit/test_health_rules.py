@@ -13,9 +13,11 @@ from respawn.testbed import manifests
 from services.health.rules import REASON_APPWRAPPER_DELETED, Decision, evaluate, verdict_msg_id
 from services.health.state import (
     AppWrapperHealth,
+    FailureSettings,
     Observation,
     affected_by,
     apply,
+    failure_facts,
     gone,
     remember_published,
 )
@@ -27,6 +29,8 @@ from shared.appwrapper.params import (
     TERMINAL_EXIT_CODES_ANNOTATION,
     WARMUP_GRACE_PERIOD_ANNOTATION,
 )
+from shared.failures.annotation import FAILURE_PATTERNS_ANNOTATION
+from shared.failures.patterns import FailurePattern
 from shared.faulttolerance import FaultTolerance
 from shared.kubetime import format_kube_time
 from shared.messages import (
@@ -35,6 +39,7 @@ from shared.messages import (
     ContainerState,
     NodeVerdict,
     ObjectRef,
+    PodConditionState,
     PodObservation,
     Verdict,
 )
@@ -326,7 +331,7 @@ def test_a_restarted_instance_computes_the_same_failure_deadline() -> None:
     assert a.next_deadline == b.next_deadline == failed_at + MIN
 
 
-def test_the_earliest_failure_starts_the_clock_and_all_failed_nodes_are_named() -> None:
+def test_the_earliest_failure_starts_the_clock_and_only_its_node_is_blamed() -> None:
     v = verdict_of(
         [
             aw_obs(),
@@ -337,7 +342,9 @@ def test_the_earliest_failure_starts_the_clock_and_all_failed_nodes_are_named() 
     )
     assert v.first_unhealthy_at == T0 + 2 * MIN
     assert v.deadline == T0 + 3 * MIN
-    assert v.nodes == ("node-a", "node-b")
+    # A minute apart: the later failure followed the first, its node is not to blame.
+    assert v.fault_kind == "Infrastructure"
+    assert v.nodes == ("node-a",)
 
 
 @pytest.mark.parametrize(
@@ -393,7 +400,8 @@ def test_terminal_exit_codes(annotations: dict[str, str], exit_code: int, init: 
     )
     assert v.state == "Unhealthy"
     assert v.terminal is terminal
-    assert ("is terminal" in v.message) is terminal
+    assert (v.failure_class == "Permanent") is terminal
+    assert ("; Permanent (" in v.message) is terminal
 
 
 def test_failed_pods_with_unparseable_exit_code_annotation_warn() -> None:
@@ -855,3 +863,158 @@ def test_a_node_verdict_affects_only_appwrappers_with_pods_on_nodes_whose_state_
 
         known: list[Observation] = [aw_obs(), *pods, *([previous] if previous else [])]
         assert judged(known) == judged([*known, current])
+
+
+# ------------------------------------------------------------------- failure classes
+
+
+def _classified(*observations: Observation, settings: FailureSettings | None = None) -> Verdict:
+    state = AppWrapperHealth(
+        namespace=NS, name=AW, defaults=FaultTolerance(), failures=settings or FailureSettings()
+    )
+    return (
+        verdict_of(list(observations), T0 + 10 * MIN)
+        if settings is None
+        else _verdict(fold(observations, state))
+    )
+
+
+def _verdict(state: AppWrapperHealth) -> Verdict:
+    decision = evaluate(state, T0 + 10 * MIN)
+    assert decision.verdict is not None
+    return decision.verdict
+
+
+def evicted_pod(name: str, *, node: str = "node-1", at: datetime = T0 + 2 * MIN) -> PodObservation:
+    return pod(name, "Failed", node=node, containers=[container(exit_code=143, finished_at=at)]).model_copy(
+        update={
+            "conditions": (
+                PodConditionState(type="DisruptionTarget", status="True", reason="EvictionByEvictionAPI"),
+            )
+        },
+    )
+
+
+def test_an_evicted_pod_is_transient_and_its_node_is_blamed() -> None:
+    v = _classified(aw_obs(), evicted_pod("p0"), pod("p1"))
+    assert v.state == "Unhealthy"
+    assert (v.failure_class, v.failure_code, v.fault_kind) == ("Transient", "Evicted", "Infrastructure")
+    assert v.terminal is False
+    assert v.nodes == ("node-1",)
+    assert "; Transient (Evicted): pod p0 failed with Evicted: Transient by failure table row 7" in v.message
+
+
+def test_an_oom_killed_pod_follows_the_default_table() -> None:
+    oom = pod(
+        "p0",
+        "Failed",
+        containers=[
+            ContainerState(name="main", state="terminated", exit_code=137, reason="OOMKilled", finished_at=T0)
+        ],
+    )
+    v = _classified(aw_obs(), oom, pod("p1"))
+    assert (v.failure_class, v.failure_code) == ("Unknown", "OOMKilled")
+    assert v.terminal is False
+
+
+def test_a_workload_pattern_makes_an_exit_code_permanent() -> None:
+    patterns = '[{"exitCodes": [3], "class": "Permanent", "code": "BadInput"}]'
+    v = _classified(
+        aw_obs(annotations={FAILURE_PATTERNS_ANNOTATION: patterns}), failed_pod("p0", exit_code=3)
+    )
+    assert (v.failure_class, v.failure_code) == ("Permanent", "BadInput")
+    assert v.terminal is True
+    assert "by workload failure pattern 0" in v.message
+
+
+def test_a_refused_pattern_annotation_is_a_warning_and_the_table_applies() -> None:
+    patterns = '[{"exitCodes": [3], "class": "Fatal"}]'
+    v = _classified(
+        aw_obs(annotations={FAILURE_PATTERNS_ANNOTATION: patterns}), failed_pod("p0", exit_code=3)
+    )
+    assert (v.failure_class, v.failure_code) == ("Unknown", "ExitCode:3")
+    assert any(w.startswith(f"{FAILURE_PATTERNS_ANNOTATION} refused: [0].class") for w in v.warnings)
+
+
+def test_the_operators_table_comes_from_the_settings() -> None:
+    table = (FailurePattern.model_validate({"exitCodes": [1], "class": "Transient", "code": "Flaky"}),)
+    v = _classified(aw_obs(), failed_pod("p0"), pod("p1"), settings=FailureSettings(table=table))
+    assert (v.failure_class, v.failure_code) == ("Transient", "Flaky")
+
+
+@pytest.mark.parametrize(
+    ("codes", "expected"),
+    [
+        ((1, 143), ("Unknown", "ExitCode:1")),  # one Unknown: the attempt is Unknown
+        ((143, 143), ("Transient", "Signal:SIGTERM")),  # every pod Transient
+        ((143, 127), ("Permanent", "ExitCode:127")),  # any Permanent decides
+    ],
+)
+def test_the_attempts_class_combines_its_pods(codes: tuple[int, int], expected: tuple[str, str]) -> None:
+    v = _classified(
+        aw_obs(),
+        failed_pod("p0", exit_code=codes[0], finished_at=T0 + MIN),
+        failed_pod("p1", exit_code=codes[1], finished_at=T0 + MIN),
+    )
+    assert (v.failure_class, v.failure_code) == expected
+    assert v.terminal is (expected[0] == "Permanent")
+
+
+def test_every_pod_failing_alike_at_once_is_an_application_fault_that_blames_no_node() -> None:
+    v = _classified(
+        aw_obs(),
+        failed_pod("p0", exit_code=1, finished_at=T0 + MIN, node="node-a"),
+        failed_pod("p1", exit_code=1, finished_at=T0 + MIN + SEC, node="node-b"),
+    )
+    assert (v.fault_kind, v.nodes) == ("Application", ())
+
+
+def test_a_failed_component_carries_the_class_of_its_failed_pods() -> None:
+    v = _classified(aw_obs(), component(failed=True), evicted_pod("p0"))
+    assert v.reason == "FailedComponent"
+    assert (v.failure_class, v.failure_code, v.fault_kind) == ("Transient", "Evicted", "Infrastructure")
+
+
+def test_a_failed_component_without_failed_pods_has_no_class() -> None:
+    v = _classified(aw_obs(), component(failed=True))
+    assert (v.failure_class, v.failure_code, v.fault_kind, v.terminal) == ("", "", "", False)
+
+
+def test_failure_facts_come_from_the_pod_observation() -> None:
+    obs = pod(
+        "p0",
+        "Failed",
+        node="node-7",
+        containers=[
+            ContainerState(name="main", state="terminated", exit_code=1, reason="Error", message="boom"),
+            ContainerState(name="pull", state="waiting", reason="ErrImagePull", message="no such image"),
+            ContainerState(name="setup", init=True, state="terminated", exit_code=0, reason="Completed"),
+        ],
+    ).model_copy(
+        update={
+            "reason": "Evicted",
+            "message": "The node was low on resource: memory.",
+            "conditions": (
+                PodConditionState(type="DisruptionTarget", status="True", reason="TerminationByKubelet"),
+            ),
+        }
+    )
+    facts = failure_facts(obs, T0)
+    assert (facts.pod, facts.node, facts.phase, facts.reason, facts.failed_at) == (
+        "p0",
+        "node-7",
+        "Failed",
+        "Evicted",
+        T0,
+    )
+    assert [(c.name, c.init, c.exit_code, c.reason, c.message) for c in facts.containers] == [
+        ("setup", True, 0, "Completed", ""),
+        ("main", False, 1, "Error", "boom"),
+        ("pull", False, None, "ErrImagePull", "no such image"),
+    ]
+    assert [(c.type, c.reason) for c in facts.true_conditions()] == [
+        ("DisruptionTarget", "TerminationByKubelet")
+    ]
+    # Kept for failed pods only.
+    state = fold([aw_obs(), obs, pod("p1")])
+    assert state.pods["p0"].facts is not None and state.pods["p1"].facts is None
