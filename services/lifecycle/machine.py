@@ -699,6 +699,8 @@ class _Reconciliation:
             text = f"{reason}: {message}; {why}" if message else f"{reason}; {why}"
             self._fail(reason, text, nodes, failure=failure)
             return
+        # Every reset begins a new attempt, whatever its class; written with the Resetting status.
+        self.status["attempt"] = next_attempt(self.status)
         if decision.counted:
             self.status["resettingCount"] = count + 1
         elif verdict.counts_toward_retry:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from services.lifecycle.actions import CreateComponent
 from services.lifecycle.attempts import attempt_hook, attempt_of
 from services.lifecycle.machine import reconcile
@@ -74,6 +76,21 @@ def test_a_reset_that_does_not_count_still_begins_a_new_attempt() -> None:
     aw, creates = reset_and_recreate(aw, reason="AutopilotNoExecute", counts_toward_retry=False)
     assert aw["status"].get("resettingCount", 0) == 0
     assert aw["status"]["attempt"] == 2
+    assert creates[0].body["spec"]["template"]["metadata"]["labels"]["respawn.dev/attempt"] == "2"
+
+
+@pytest.mark.parametrize(
+    ("failure_class", "counted", "transient"),
+    [("Unknown", 1, 0), ("Transient", 0, 1)],
+)
+def test_a_classified_failure_begins_a_new_attempt_whatever_its_class(
+    failure_class: str, counted: int, transient: int
+) -> None:
+    aw = running()
+    aw, creates = reset_and_recreate(aw, failure_class=failure_class, failure_code="ExitCode:1")
+    assert aw["status"]["attempt"] == 2
+    assert aw["status"].get("resettingCount", 0) == counted
+    assert aw["status"].get("transientRetryCount", 0) == transient
     assert creates[0].body["spec"]["template"]["metadata"]["labels"]["respawn.dev/attempt"] == "2"
 
 
