@@ -56,6 +56,7 @@ __all__ = [
     "HealthConfig",
     "NatsConfig",
     "NodeExclusionConfig",
+    "NodeQuarantineConfig",
     "OperatorConfig",
     "ResourceTaint",
     "env_var_names",
@@ -234,6 +235,32 @@ class NodeExclusionConfig(_Section):
 
     enabled: bool = True
     max_nodes: int = Field(default=8, ge=0)
+
+
+class NodeQuarantineConfig(_Section):
+    """Keep every workload off a node blamed for too many infrastructure faults (docs/autopilot.md)."""
+
+    enabled: bool = True
+    # A node blamed for this many infrastructure faults (each AppWrapper attempt counts once)
+    # within ``window`` is quarantined.
+    threshold: int = Field(default=3, ge=1)
+    window: Duration = timedelta(hours=1)
+    # How long a quarantine lasts; the node's count starts again from zero after it.
+    duration: Duration = timedelta(hours=1)
+    # At most this share of the known nodes is quarantined at once (rounded down): past it, the
+    # worst nodes are quarantined and the rest only reported, so a cluster-wide problem blamed on
+    # nodes cannot empty the cluster.
+    max_share: float = Field(default=0.1, ge=0.0, le=1.0)
+    # Report what would be quarantined (log, metrics, the published details) without keeping
+    # any workload off any node.
+    dry_run: bool = False
+
+    @field_validator("window", "duration")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("must be positive")
+        return value
 
 
 class LifecycleConfig(_Section):
@@ -524,6 +551,7 @@ class OperatorConfig(_Section):
     fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
     autopilot: AutopilotConfig = Field(default_factory=AutopilotConfig)
     node_exclusion: NodeExclusionConfig = Field(default_factory=NodeExclusionConfig)
+    node_quarantine: NodeQuarantineConfig = Field(default_factory=NodeQuarantineConfig)
     lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
     watcher: WatcherConfig = Field(default_factory=WatcherConfig)
     scaling: ScalingConfig = Field(default_factory=ScalingConfig)

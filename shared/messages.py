@@ -265,16 +265,45 @@ class Verdict(Message):
     fault_kind: str = ""
 
 
+QuarantineState = Literal["Quarantined", "DryRun", "Held", "Released"]
+
+# The pseudo-resource of the node verdict that carries node quarantine (docs/autopilot.md): its
+# ``no_schedule`` set is kept off by every workload, whatever resources it uses.
+QUARANTINE_RESOURCE = "respawn.dev/quarantine"
+
+
+class QuarantinedNode(BaseModel):
+    """One node of the quarantine verdict, and why (docs/autopilot.md, "Node quarantine")."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node: str
+    # Quarantined: kept off; DryRun: would be, with dryRun on; Held: due, but past the cap;
+    # Released: its quarantine ended, its earlier failures no longer count.
+    state: QuarantineState
+    # Infrastructure faults blamed on the node that led to this (each AppWrapper attempt once).
+    failures: int = 0
+    # The AppWrappers (namespace/name) those faults were in, sorted.
+    workloads: tuple[str, ...] = ()
+    # When it became due (Held: since when it waits), and when the quarantine ends (None: Held).
+    since: datetime
+    until: datetime | None = None
+
+
 class NodeVerdict(Message):
     """Autopilot's view of unhealthy nodes for one resource (e.g. nvidia.com/gpu)."""
 
     KIND: ClassVar[str] = "verdict.node"
+    REVISION: ClassVar[int] = 1
 
     resource: str
     no_schedule: tuple[str, ...] = ()
     prefer_no_schedule: tuple[str, ...] = ()
     no_execute: tuple[str, ...] = ()
     decided_at: datetime
+    # Revision 1: on the resource QUARANTINE_RESOURCE only, every node of the quarantine with
+    # why; the Quarantined ones are also the ``no_schedule`` set.
+    quarantine: tuple[QuarantinedNode, ...] = ()
 
 
 class LifecycleEvent(Message):
