@@ -70,6 +70,7 @@ from typing import Any
 from shared import subjects
 from shared.bus import StreamSpec, default_streams
 from shared.bus.membership import MEMBERS_BUCKET
+from shared.messages import QUARANTINE_RESOURCE
 from shared.natsusers import PASSWORD_PATTERN as _PASSWORD
 from shared.natsusers import SECRET_NAME, SERVICES, SUBSCRIBER, generate_password
 
@@ -253,6 +254,8 @@ _BUS: Mapping[str, _ServiceBus] = {
             _Reads(_OBS, subjects.node_obs_filter(), deletes=True),
             # The stored node verdicts (the last per resource), replayed at start.
             _Reads(subjects.NODE_VERDICTS_STREAM, subjects.node_verdict_filter(), deletes=True),
+            # Node quarantine counts the nodes the verdicts blame.
+            _Reads(subjects.VERDICTS_STREAM, subjects.verdict_filter(), deletes=True),
         ),
     ),
 }
@@ -341,8 +344,10 @@ def _bus(service: str) -> _ServiceBus:
     bus = _BUS[service]
     if service != "lifecycle":
         return bus
-    reads = tuple(
-        _Reads(stream, filter_, durable=durable) for stream, durable, filter_ in lifecycle_durables()
+    reads = (
+        *(_Reads(stream, filter_, durable=durable) for stream, durable, filter_ in lifecycle_durables()),
+        # The quarantined nodes, kept off by every pod it creates (a per-run replay consumer).
+        _Reads(subjects.NODE_VERDICTS_STREAM, subjects.node_verdict(QUARANTINE_RESOURCE), deletes=True),
     )
     return _ServiceBus(publishes=bus.publishes, reads=reads, dead_letters=bus.dead_letters)
 

@@ -35,11 +35,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from services.autopilot.nodes import NodeHealthState, ResourceNodes, apply, verdicts
+from services.autopilot.quarantining import Quarantining
 from shared import metrics, subjects
 from shared.bus import Delivery, Replay, TransientError, replay_consumer_name, until_done
 from shared.bus.membership import Membership
 from shared.kubetime import as_utc, utcnow
-from shared.messages import NodeObservation, NodeVerdict
+from shared.messages import QUARANTINE_RESOURCE, NodeObservation, NodeVerdict, Verdict
 from shared.runtime import Runtime, entry
 from shared.taints import NO_EXECUTE, NO_SCHEDULE, PREFER_NO_SCHEDULE, Effect, ResourceTaints
 
@@ -59,6 +60,8 @@ EFFECTS: tuple[Effect, ...] = (NO_EXECUTE, NO_SCHEDULE, PREFER_NO_SCHEDULE)
 
 # How long a replica's consumer outlives the replica (the server deletes it afterwards).
 CONSUMER_INACTIVE_THRESHOLD = 300.0
+# How often node quarantine is moved to the present (quarantines that ran out end).
+QUARANTINE_TICK = 1.0
 
 
 def consumer_name(instance: str) -> str:
@@ -182,6 +185,11 @@ class AutopilotService:
         )
         # Set once this replica knows whether it is the active one (its first share is taken).
         self.share_known = asyncio.Event()
+        # Node quarantine (docs/autopilot.md): its own replay of the verdict stream.
+        self.quarantine = Quarantining(
+            rt.bus, rt.config.node_quarantine, active=self.active, node_count=lambda: len(self.nodes)
+        )
+        self.health_verdicts: Replay[Verdict] | None = None
 
     # ------------------------------------------------------------------ active or standby
 
@@ -216,11 +224,16 @@ class AutopilotService:
                 for change in node_changes(resource, before, self.state.nodes(resource)):
                     log.info("%s (since the last verdict, on becoming active)", change.describe())
             await self.publish(self.state, resources, f"takeover-{self.last_seq}", utcnow())
+            await self.quarantine.take_over()
             log.info("active: publishing the node verdicts")
 
     async def on_verdict(self, verdict: NodeVerdict, delivery: Delivery) -> None:
         """A node verdict stored, this replica's own or the active one's: the last one per
         resource is what the next change is compared with."""
+        if verdict.resource == QUARANTINE_RESOURCE:
+            # Not a resource's sets: node quarantine's own (quarantining.py).
+            self.quarantine.on_stored(verdict, delivery)
+            return
         if delivery.stream_seq > self.published_seq.get(verdict.resource, 0):
             self.published[verdict.resource] = verdict
             self.published_seq[verdict.resource] = delivery.stream_seq
@@ -262,10 +275,25 @@ class AutopilotService:
 
     # ------------------------------------------------------------------ observations
 
+    async def on_health_verdict(self, verdict: Verdict, delivery: Delivery) -> None:
+        """A verdict about an AppWrapper: node quarantine counts the nodes it blames."""
+        async with self.lock:
+            await self.quarantine.on_verdict(verdict, delivery)
+
+    async def quarantine_ticks(self) -> None:
+        while True:
+            await asyncio.sleep(QUARANTINE_TICK)
+            async with self.lock:
+                await self.quarantine.tick()
+
     async def on_node(self, observation: NodeObservation, delivery: Delivery) -> None:
         async with self.lock:
             before = self.state
-            after, changed = apply(before, observation, self.taints)
+            # Node quarantine needs the nodes (its cap is a share of them) even when their
+            # health labels are not watched.
+            after, changed = (
+                apply(before, observation, self.taints) if self.monitor else (before, frozenset())
+            )
             if self.caught_up and changed and self.active():
                 # Publish before keeping the new state: if publishing fails the observation is
                 # redelivered, found to change the same sets again, and published with the same id.
@@ -300,6 +328,7 @@ class AutopilotService:
                 for change in node_changes(resource, before, self.state.nodes(resource)):
                     log.info("%s (since the last verdict)", change.describe())
             await self.publish(self.state, resources, f"start-{self.last_seq}", utcnow())
+        await self.quarantine.catch_up()
         self.caught_up = True
         self.update_gauges()
         log.info(
@@ -324,6 +353,8 @@ class AutopilotService:
         """
         if self.verdicts is not None:
             await self.verdicts.wait_caught_up()
+        if self.health_verdicts is not None:
+            await self.health_verdicts.wait_caught_up()
         await self.share_known.wait()
         async with self.lock:
             await self.catch_up()
@@ -331,6 +362,7 @@ class AutopilotService:
     async def run(self) -> None:
         self.rt.add_check("replayed", self.ready)
         membership = asyncio.create_task(self.membership.run(), name="autopilot-membership")
+        ticks = asyncio.create_task(self.quarantine_ticks(), name="autopilot-quarantine")
         try:
             # The last stored verdict of every resource, and every one stored from then on: the
             # active replica's own, and, while standby, the active one's.
@@ -343,7 +375,18 @@ class AutopilotService:
                 last_per_subject=True,
                 inactive_threshold=CONSUMER_INACTIVE_THRESHOLD,
             )
-            if self.monitor:
+            if self.quarantine.enabled:
+                # The verdicts of one window back: the failures that may still count.
+                self.health_verdicts = await self.rt.bus.replay(
+                    subjects.VERDICTS_STREAM,
+                    f"{self.durable}-faults",
+                    subjects.verdict_filter(),
+                    Verdict,
+                    self.on_health_verdict,
+                    start_time=self.quarantine.replay_from(utcnow()),
+                    inactive_threshold=CONSUMER_INACTIVE_THRESHOLD,
+                )
+            if self.monitor or self.quarantine.enabled:
                 self.consumer = await self.rt.bus.replay(
                     subjects.OBSERVATIONS_STREAM,
                     self.durable,
@@ -361,6 +404,8 @@ class AutopilotService:
                 await until_done("publishing the node verdicts at start-up", self.finish_replay)
                 await asyncio.Event().wait()
         finally:
+            ticks.cancel()
+            await asyncio.gather(ticks, return_exceptions=True)
             await self.remove_consumer()
             # Its last act is to delete this replica's key: a standby takes over at once.
             membership.cancel()
@@ -368,10 +413,10 @@ class AutopilotService:
 
     async def remove_consumer(self) -> None:
         """Delete this run's consumers at once rather than leaving them to the inactivity timeout."""
-        for replay in (self.consumer, self.verdicts):
+        for replay in (self.consumer, self.verdicts, self.health_verdicts):
             if replay is not None:
                 await replay.stop(grace=2.0)
-        self.consumer = self.verdicts = None
+        self.consumer = self.verdicts = self.health_verdicts = None
 
 
 async def main(rt: Runtime) -> None:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -546,6 +547,7 @@ class Bus:
         fetch_timeout: float = 1.0,
         max_deliver: int = 10,
         ack_wait: float = 30.0,
+        start_time: datetime | None = None,
     ) -> Replay[M]:
         """Load ``stream`` (its messages on ``filter_subjects``: all of them, or only the last per
         subject) into memory through ``handler``, then follow it (see :mod:`shared.bus.replay`).
@@ -553,7 +555,8 @@ class Bus:
         ``durable`` names this run's own consumer (:func:`~shared.bus.replay_consumer_name`); a
         consumer of that name left from before is deleted first. With ``follow`` the replay keeps
         delivering until it is stopped, and ``on_caught_up`` runs once it has caught up; without,
-        this returns once caught up, the consumer already deleted.
+        this returns once caught up, the consumer already deleted. With ``start_time``, only
+        the messages stored from then on are replayed (a history kept for longer than needed).
         """
         filters = (filter_subjects,) if isinstance(filter_subjects, str) else tuple(filter_subjects)
         return await start_replay(
@@ -571,4 +574,5 @@ class Bus:
             fetch_timeout=fetch_timeout,
             max_deliver=max_deliver,
             ack_wait=ack_wait,
+            start_time=start_time,
         )

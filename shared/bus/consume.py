@@ -23,6 +23,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, Protocol
 
 import nats.errors
@@ -113,14 +114,17 @@ def consumer_config(
     max_deliver: int,
     max_ack_pending: int,
     inactive_threshold: float | None,
+    start_time: datetime | None = None,
 ) -> api.ConsumerConfig:
-    """A durable pull consumer with explicit acks on ``filters``."""
+    """A durable pull consumer with explicit acks on ``filters``; with ``start_time``, it
+    delivers the messages stored from then on (whatever ``deliver_policy`` says)."""
     if not filters:
         raise ValueError("a consumer needs at least one filter subject")
     return api.ConsumerConfig(
         name=durable,
         durable_name=durable,
-        deliver_policy=deliver_policy,
+        deliver_policy=deliver_policy if start_time is None else api.DeliverPolicy.BY_START_TIME,
+        opt_start_time=start_time,
         ack_policy=api.AckPolicy.EXPLICIT,
         ack_wait=ack_wait,
         max_deliver=max_deliver,

@@ -42,6 +42,7 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic
 
 from shared.bus.backoff import until_done
@@ -236,6 +237,7 @@ async def start_replay(
     fetch_timeout: float,
     max_deliver: int,
     ack_wait: float,
+    start_time: datetime | None = None,
 ) -> Replay[M]:
     """See :meth:`shared.bus.Bus.replay`."""
     config = consumer_config(
@@ -246,6 +248,7 @@ async def start_replay(
         max_deliver=max_deliver,
         max_ack_pending=1024,
         inactive_threshold=inactive_threshold,
+        start_time=start_time,
     )
     # A replay starts from the beginning: a consumer left under this name would resume after
     # its last ack.

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from respawn import natsauth
 from shared import subjects
+from shared.messages import QUARANTINE_RESOURCE
 from shared.bus import default_streams
 from shared.bus.membership import MEMBERS_BUCKET
 
@@ -214,8 +215,9 @@ def test_services_read_only_the_streams_they_consume() -> None:
     reads = {
         "watcher": set(),
         "health": {subjects.OBSERVATIONS_STREAM, subjects.NODE_VERDICTS_STREAM, subjects.VERDICTS_STREAM},
-        "lifecycle": {subjects.VERDICTS_STREAM},
-        "autopilot": {subjects.OBSERVATIONS_STREAM, subjects.NODE_VERDICTS_STREAM},
+        # lifecycle: the quarantine node verdict too; autopilot: the verdicts, for node quarantine.
+        "lifecycle": {subjects.VERDICTS_STREAM, subjects.NODE_VERDICTS_STREAM},
+        "autopilot": {subjects.OBSERVATIONS_STREAM, subjects.NODE_VERDICTS_STREAM, subjects.VERDICTS_STREAM},
     }
     for service, expected in reads.items():
         perms = natsauth.service_permissions(service)
@@ -238,6 +240,7 @@ def _any_create(service: str, stream: str) -> list[str]:
         subjects.verdict_filter(),
         subjects.verdict_partition_filter(3),
         subjects.node_verdict_filter(),
+        subjects.node_verdict(QUARANTINE_RESOURCE),
         subjects.lifecycle_filter(),
     )
     names = (f"{service}-replica-1a2b3c4d", *(d for _, d, _ in natsauth.lifecycle_durables()))
