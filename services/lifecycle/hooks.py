@@ -1,8 +1,9 @@
 """Pod-template hooks lifecycle applies when it (re)creates components: Autopilot.
 
-Anti-affinity keeps new pods off nodes Autopilot flagged for the resources they use, and node
+Anti-affinity keeps new pods off nodes Autopilot flagged for the resources they use, node
 exclusion keeps a reset workload off the nodes where its pods failed (recorded in the
-AppWrapper's ``respawn.dev/excluded-nodes`` annotation).
+AppWrapper's ``respawn.dev/excluded-nodes`` annotation), and quarantine keeps every pod off the
+nodes Autopilot quarantined.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from services.lifecycle.placement.exclusion import (
     exclusion_enabled,
     parse_excluded_nodes,
 )
+from services.lifecycle.quarantined import QuarantinedNodes
 from services.lifecycle.templating import PodTemplateContext, PodTemplateHook
 from shared.config import OperatorConfig
 
@@ -54,10 +56,27 @@ def node_exclusion_hook() -> PodTemplateHook:
     return hook
 
 
-def hooks_for(config: OperatorConfig) -> Sequence[PodTemplateHook]:
+def quarantine_hook(quarantined: QuarantinedNodes) -> PodTemplateHook:
+    """Keep every pod off the nodes Autopilot quarantined, as they are when the pod is created."""
+
+    def hook(context: PodTemplateContext, pod_template: dict[str, Any]) -> dict[str, Any]:
+        nodes = sorted(quarantined.nodes)
+        spec = _pod_spec(pod_template)
+        if nodes and spec is not None:
+            pod_template["spec"] = exclude_nodes(spec, nodes)
+        return pod_template
+
+    return hook
+
+
+def hooks_for(
+    config: OperatorConfig, quarantined: QuarantinedNodes | None = None
+) -> Sequence[PodTemplateHook]:
     hooks: list[PodTemplateHook] = []
     if config.autopilot.inject_anti_affinities:
         hooks.append(anti_affinity_hook(config))
     if config.node_exclusion.enabled:
         hooks.append(node_exclusion_hook())
+    if quarantined is not None:
+        hooks.append(quarantine_hook(quarantined))
     return hooks

@@ -41,6 +41,7 @@ from services.lifecycle.hooks import hooks_for
 from services.lifecycle.incidents import Incidents
 from services.lifecycle.nodecache import NodeCache
 from services.lifecycle.podcache import PodCache
+from services.lifecycle.quarantined import QuarantinedNodes
 from services.lifecycle.reader import Reader
 from services.lifecycle.reconciler import Reconciler
 from services.lifecycle.resync import Resync
@@ -128,6 +129,8 @@ class Lifecycle:
         # Loops started while the service runs (a component kind's watch); cancelled with it.
         self._spawned: set[asyncio.Task[None]] = set()
         self.latest = LatestVerdicts()
+        # Nodes Autopilot quarantined: every pod created is kept off them (hooks.py).
+        self.quarantined = QuarantinedNodes()
         writes = WriteThrough(
             kube,
             appwrappers=appwrappers,
@@ -152,7 +155,7 @@ class Lifecycle:
             queue=self.queue,
             incidents=self.incidents,
             defaults=config.to_fault_tolerance(),
-            hooks=hooks_for(config),
+            hooks=hooks_for(config, self.quarantined),
             node_exclusion=config.node_exclusion if nodes is not None else None,
             transient_limit=config.failures.transient_retry_limit,
             on_gone=self.latest.forget,
@@ -253,6 +256,7 @@ class Lifecycle:
         loops["lifecycle-clock"] = self.sync_clock
         loops["lifecycle-appwrapper-cache"] = lambda: self.appwrapper_cache.run(self.kube, self.appwrappers)
         loops["lifecycle-pod-cache"] = lambda: self.pod_cache.run(self.kube, self.pods)
+        loops["lifecycle-quarantine"] = lambda: self.quarantined.run(self.rt.bus)
         if self.node_cache is not None and self.nodes is not None:
             node_cache, nodes = self.node_cache, self.nodes
             loops["lifecycle-node-cache"] = lambda: node_cache.run(self.kube, nodes)

@@ -22,6 +22,7 @@ MODELS = [
     messages.ContainerState,
     messages.ObjectRef,
     messages.PodConditionState,
+    messages.QuarantinedNode,
 ]
 
 
