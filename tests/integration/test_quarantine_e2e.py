@@ -1,0 +1,134 @@
+"""Node quarantine end to end: a node that fails three workloads is avoided by a fourth.
+
+All four services run as separate processes on the testbed. Each of the three failing workloads
+has two pods, kept on the bad node and one other node; only the pod on the bad node fails, so
+health judges an infrastructure fault that blames the bad node (every pod failing together would
+be an application fault that blames none; docs/failures.md). Autopilot counts three, quarantines
+the node, and lifecycle keeps the next workload's pods off it.
+
+The nodes are shared by the whole test session: the quarantine is short, and the test waits for
+its end, so no later test inherits a quarantined node.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from respawn.testbed import manifests, sim
+from respawn.testbed.modes import Endpoints
+from shared import subjects
+from shared.appwrapper.model import read_appwrapper
+from shared.messages import QUARANTINE_RESOURCE, NodeVerdict
+from tests.integration.conftest import ServiceFactory
+from tests.integration.healthfeed import metric
+from tests.integration.objects import FAST_RESET, apply, get_appwrapper, running_pods, wait_phase
+from tests.integration.observe import Observer
+from tests.waiting import until
+
+pytestmark = pytest.mark.testbed
+
+GPU = manifests.GPU
+BAD = "kwok-node-1"
+GOOD = ("kwok-node-0", "kwok-node-2", "kwok-node-3")
+QUARANTINE = {
+    "RESPAWN_NODE_QUARANTINE_THRESHOLD": "3",
+    "RESPAWN_NODE_QUARANTINE_WINDOW": "3m",
+    "RESPAWN_NODE_QUARANTINE_DURATION": "20s",
+    # 4 nodes: one place.
+    "RESPAWN_NODE_QUARANTINE_MAX_SHARE": "0.25",
+}
+
+
+def on_nodes(aw: dict[str, Any], nodes: tuple[str, ...]) -> dict[str, Any]:
+    """``aw`` with its pods allowed only on ``nodes`` (one term per node: the terms are ORed)."""
+    template = aw["spec"]["components"][0]["template"]["spec"]["template"]
+    template["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}
+                    for n in nodes
+                ]
+            }
+        }
+    }
+    return aw
+
+
+async def all_running(kc: Path, namespace: str, name: str, count: int) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = await until(
+        f"{count} pods of {name} running",
+        lambda: running_pods(kc, namespace, name),
+        done=lambda pods: len(pods) == count,
+        within=60,
+    )
+    return found
+
+
+async def quarantine_verdict(nats_url: str, check: Any, within: float) -> NodeVerdict:
+    async with Observer(nats_url) as obs:
+        return await obs.wait_last(
+            subjects.NODE_VERDICTS_STREAM,
+            subjects.node_verdict(QUARANTINE_RESOURCE),
+            NodeVerdict,
+            check,
+            within=within,
+        )
+
+
+async def test_a_node_that_fails_three_workloads_is_avoided_by_a_fourth(
+    testbed: Endpoints, appwrapper_crd: Path, namespace: str, service: ServiceFactory
+) -> None:
+    kc = testbed.kubeconfig
+    for name in ("watcher", "health"):
+        service(name)
+    service("autopilot", env=QUARANTINE)
+    lifecycle = service("lifecycle")
+    # Failed at once (no retry), so their pods go and leave the nodes free for the fourth.
+    no_retry = {**FAST_RESET, **manifests.fault_tolerance(retry_limit=0)}
+    quarantined = False
+    try:
+        for i, other in enumerate(GOOD):
+            name = f"fails-{i}"
+            aw = manifests.job_appwrapper(name, pods=2, gpus=8, annotations=no_retry)
+            apply(kc, namespace, on_nodes(aw, (BAD, other)))
+            pods = await all_running(kc, namespace, name, 2)
+            [on_bad] = [p for p in pods if p["spec"]["nodeName"] == BAD]
+            sim.fail_pod(kc, namespace, on_bad["metadata"]["name"], exit_code=1)
+            await wait_phase(kc, namespace, name, "Failed", within=60)
+
+        verdict = await quarantine_verdict(testbed.nats_url, lambda v: BAD in v.no_schedule, within=30)
+        quarantined = True
+        [entry] = [e for e in verdict.quarantine if e.node == BAD]
+        assert entry.state == "Quarantined"
+        assert entry.failures == 3
+        assert entry.workloads == tuple(f"{namespace}/fails-{i}" for i in range(3))
+        # Lifecycle has it before the fourth workload is submitted.
+        await until(
+            "lifecycle to know the quarantine",
+            lambda: metric(lifecycle, "respawn_lifecycle_quarantined_nodes") == 1,
+            within=30,
+        )
+        await until(
+            "the failed workloads' pods gone",
+            lambda: [p for i in range(3) for p in running_pods(kc, namespace, f"fails-{i}")],
+            done=lambda left: not left,
+            within=60,
+        )
+
+        # Three whole-node pods, free to go anywhere: the three good nodes, never the bad one.
+        apply(kc, namespace, manifests.job_appwrapper("fourth", pods=3, gpus=8, annotations=FAST_RESET))
+        pods = await all_running(kc, namespace, "fourth", 3)
+        assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(GOOD)
+        for pod in pods:
+            terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            fields = [f for t in terms["nodeSelectorTerms"] for f in t.get("matchFields", [])]
+            assert {"key": "metadata.name", "operator": "NotIn", "values": [BAD]} in fields
+        assert read_appwrapper(get_appwrapper(kc, namespace, "fourth")).resetting_count == 0
+    finally:
+        # The quarantine ends after its 20 s; later tests find every node usable again.
+        if quarantined:
+            await quarantine_verdict(testbed.nats_url, lambda v: BAD not in v.no_schedule, within=90)
