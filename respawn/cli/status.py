@@ -1,7 +1,8 @@
-"""`respawn status`: the AppWrappers of a cluster at a glance.
+"""`respawn status`: the AppWrappers of a cluster at a glance, and the nodes in quarantine.
 
-Rendering is pure (rows from AppWrapper objects, table and JSON from rows and a clock); the
-Kubernetes I/O is kept to :func:`fetch_appwrappers`.
+Rendering is pure (rows from AppWrapper objects and from the quarantine node verdict, table and
+JSON from rows and a clock); the Kubernetes I/O is kept to :func:`fetch_appwrappers`, the NATS
+I/O to :func:`fetch_quarantine`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from shared.appwrapper.constants import GROUP, KIND, PLURAL, VERSION, ConditionT
 from shared.appwrapper.model import mapping_at, read_appwrapper, str_at
 from shared.appwrapper.params import effective_fault_tolerance
 from shared.faulttolerance import FaultTolerance
-from shared.kubetime import parse_kube_time
+from shared.kubetime import as_utc, parse_kube_time
+from shared.messages import QuarantinedNode
 
 if TYPE_CHECKING:  # kubernetes_asyncio is slow to import; only `status` itself needs it
     from shared.kube.client import Kube, KubeApiError
@@ -33,7 +35,11 @@ __all__ = [
     "CliError",
     "StatusRow",
     "fetch_appwrappers",
+    "fetch_quarantine",
     "format_age",
+    "quarantine_json",
+    "quarantine_rows",
+    "quarantine_table",
     "register",
     "status_json",
     "status_row",
@@ -121,10 +127,53 @@ def _rfc3339(at: datetime) -> str:
     return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def status_json(rows: Sequence[StatusRow], now: datetime, version: str) -> dict[str, Any]:
-    """The ``-o json`` document (docs/cli.md)."""
+# Entries whose quarantine ended are kept in the verdict for the counting only; not shown.
+SHOWN_STATES = ("Quarantined", "DryRun", "Held")
+
+
+def quarantine_rows(entries: Iterable[QuarantinedNode]) -> list[QuarantinedNode]:
+    """The nodes to show: quarantined, would be (dry run), or held by the cap; by node name."""
+    return sorted((e for e in entries if e.state in SHOWN_STATES), key=lambda e: e.node)
+
+
+def quarantine_table(entries: Sequence[QuarantinedNode], now: datetime) -> Table:
+    table = Table("NODE", "STATE", "FAILURES", "WORKLOADS", "SINCE", "UNTIL", box=None, pad_edge=False)
+    for entry in entries:
+        table.add_row(
+            entry.node,
+            entry.state,
+            str(entry.failures),
+            ", ".join(entry.workloads) or "-",
+            f"{format_age(now - as_utc(entry.since))} ago",
+            f"in {format_age(as_utc(entry.until) - now)}" if entry.until is not None else "-",
+        )
+    return table
+
+
+def quarantine_json(entries: Sequence[QuarantinedNode]) -> list[dict[str, Any]]:
+    return [
+        {
+            "node": e.node,
+            "state": e.state,
+            "failures": e.failures,
+            "workloads": list(e.workloads),
+            "since": _rfc3339(as_utc(e.since)),
+            "until": _rfc3339(as_utc(e.until)) if e.until is not None else None,
+        }
+        for e in entries
+    ]
+
+
+def status_json(
+    rows: Sequence[StatusRow],
+    now: datetime,
+    version: str,
+    quarantine: Sequence[QuarantinedNode] | None = None,
+) -> dict[str, Any]:
+    """The ``-o json`` document (docs/cli.md); ``quarantine`` None: not read (no NATS_URL)."""
     return {
         "version": version,
+        "nodeQuarantine": quarantine_json(quarantine) if quarantine is not None else None,
         "appwrappers": [
             {
                 "namespace": row.namespace,
@@ -240,6 +289,36 @@ async def _load(kubeconfig: str | None, namespace: str | None, name: str | None)
         await kube.close()
 
 
+async def fetch_quarantine(nats_url: str) -> list[QuarantinedNode]:
+    """The entries of the last stored quarantine node verdict (none stored: no entry).
+
+    Raises :class:`CliError` when NATS cannot be reached."""
+    from respawn.cli.tail import NatsUnavailable, StreamMissing, connect_nats, stored_messages
+    from shared import subjects
+    from shared.messages import QUARANTINE_RESOURCE, InvalidMessage, NodeVerdict, decode
+
+    try:
+        nc = await connect_nats(nats_url)
+    except NatsUnavailable as exc:
+        raise CliError(str(exc)) from None
+    last: bytes | None = None
+    try:
+        async for message in stored_messages(
+            nc, subjects.NODE_VERDICTS_STREAM, subjects.node_verdict(QUARANTINE_RESOURCE)
+        ):
+            last = message.data
+    except StreamMissing:
+        return []
+    finally:
+        await nc.close()
+    if last is None:
+        return []
+    try:
+        return list(decode(NodeVerdict, last).quarantine)
+    except InvalidMessage as exc:
+        raise CliError(f"the stored quarantine verdict cannot be read: {exc}") from None
+
+
 # ------------------------------------------------------------------------------ command
 
 
@@ -252,13 +331,21 @@ def register(app: typer.Typer, *, output_version: str) -> None:
         ),
         output: str = typer.Option("table", "--output", "-o", help="table | json"),
         kubeconfig: str | None = typer.Option(None, "--kubeconfig", envvar="KUBECONFIG", show_envvar=True),
+        nats_url: str | None = typer.Option(
+            None,
+            "--nats-url",
+            envvar="NATS_URL",
+            show_envvar=True,
+            help="Where to read the node quarantine from (else it is not shown).",
+        ),
         config: Path | None = typer.Option(
             None,
             "--config",
             help="Operator configuration YAML for the retry-limit default (else RESPAWN_CONFIG).",
         ),
     ) -> None:
-        """AppWrappers: phase, attempts/retry limit, unhealthy reason, age of the last transition."""
+        """AppWrappers: phase, attempts/retry limit, unhealthy reason, age of the last transition;
+        and the nodes in quarantine, with why (when NATS is configured)."""
         from shared.config import ConfigError, load_config
 
         if output not in ("table", "json"):
@@ -267,15 +354,21 @@ def register(app: typer.Typer, *, output_version: str) -> None:
         try:
             defaults = load_config(config).to_fault_tolerance()
             items = asyncio.run(_load(kubeconfig, namespace, name))
+            quarantine = quarantine_rows(asyncio.run(fetch_quarantine(nats_url))) if nats_url else None
         except (CliError, ConfigError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
         now = datetime.now(UTC)
         rows = status_rows(items, defaults)
         if output == "json":
-            typer.echo(json.dumps(status_json(rows, now, output_version)))
-        elif rows:
+            typer.echo(json.dumps(status_json(rows, now, output_version, quarantine)))
+            return
+        if rows:
             Console(soft_wrap=True).print(status_table(rows, now))
         else:
             where = f"namespace {namespace}" if namespace else "any namespace"
             typer.echo(f"No AppWrappers in {where}.", err=True)
+        if quarantine:
+            typer.echo("")
+            typer.echo("Node quarantine:")
+            Console(soft_wrap=True).print(quarantine_table(quarantine, now))

@@ -15,6 +15,8 @@ from datetime import timedelta
 
 import pytest
 
+from respawn.cli import status
+from respawn.testbed.nats import NatsServer
 from services.autopilot.service import AutopilotService
 from services.lifecycle.quarantined import QuarantinedNodes
 from shared import subjects
@@ -94,7 +96,7 @@ async def quarantined(bus: Bus) -> tuple[str, ...]:
 
 
 async def test_a_node_blamed_by_three_workloads_is_quarantined_and_application_faults_do_not_count(
-    own_bus: Bus,
+    own_bus: Bus, own_nats: NatsServer
 ) -> None:
     await nodes(own_bus)
     async with autopilot(own_bus, quarantine_config()) as svc:
@@ -121,6 +123,8 @@ async def test_a_node_blamed_by_three_workloads_is_quarantined_and_application_f
     assert (entry.node, entry.state, entry.failures) == ("n1", "Quarantined", 3)
     assert entry.workloads == ("team/a", "team/c", "team/e")
     assert entry.until is not None and entry.until - entry.since == timedelta(minutes=10)
+    # `respawn status` reads the same entries.
+    assert await status.fetch_quarantine(own_nats.url) == [entry]
 
 
 async def test_a_restart_keeps_the_quarantine_and_rebuilds_the_counts_from_the_verdicts(own_bus: Bus) -> None:

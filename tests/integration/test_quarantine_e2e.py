@@ -12,6 +12,8 @@ its end, so no later test inherits a quarantined node.
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from respawn.testbed.modes import Endpoints
 from shared import subjects
 from shared.appwrapper.model import read_appwrapper
 from shared.messages import QUARANTINE_RESOURCE, NodeVerdict
+from tests.integration.cli import respawn
 from tests.integration.conftest import ServiceFactory
 from tests.integration.healthfeed import metric
 from tests.integration.objects import FAST_RESET, apply, get_appwrapper, running_pods, wait_phase
@@ -106,6 +109,15 @@ async def test_a_node_that_fails_three_workloads_is_avoided_by_a_fourth(
         assert entry.state == "Quarantined"
         assert entry.failures == 3
         assert entry.workloads == tuple(f"{namespace}/fails-{i}" for i in range(3))
+        # `respawn status` shows it, and why.
+        env = {**os.environ, "KUBECONFIG": str(kc), "NATS_URL": testbed.nats_url}
+        shown = respawn("status", "-n", namespace, "-o", "json", env=env)
+        assert shown.returncode == 0, shown.stderr
+        [row] = [r for r in json.loads(shown.stdout)["nodeQuarantine"] if r["node"] == BAD]
+        assert (row["state"], row["failures"]) == ("Quarantined", 3)
+        assert row["workloads"] == list(entry.workloads)
+        table = respawn("status", "-n", namespace, env=env).stdout
+        assert "Node quarantine:" in table and BAD in table
         # Lifecycle has it before the fourth workload is submitted.
         await until(
             "lifecycle to know the quarantine",

@@ -26,6 +26,7 @@ from shared.messages import (
     LifecycleEvent,
     ObjectRef,
     PodObservation,
+    QuarantinedNode,
     Verdict,
 )
 
@@ -159,8 +160,47 @@ def test_status_json_is_versioned_and_carries_every_column() -> None:
                 "lastTransitionAgeSeconds": 61,
             }
         ],
+        # Not read (no NATS_URL): null, not an empty list, which would claim no node is quarantined.
+        "nodeQuarantine": None,
     }
     json.dumps(doc)  # serialisable as it is
+
+
+def test_status_shows_quarantined_held_and_dry_run_nodes_but_not_released_ones() -> None:
+    entries = [
+        QuarantinedNode(node="n2", state="Held", failures=3, workloads=("t/c", "t/d", "t/e"), since=at(30)),
+        QuarantinedNode(node="n9", state="Released", failures=3, since=at(0), until=at(10)),
+        QuarantinedNode(
+            node="n1", state="Quarantined", failures=4, workloads=("t/a", "t/b"), since=at(0), until=at(3600)
+        ),
+    ]
+    rows = status.quarantine_rows(entries)
+    assert [(e.node, e.state) for e in rows] == [("n1", "Quarantined"), ("n2", "Held")]
+    doc = status.status_json([], at(60), CLI_OUTPUT_VERSION, rows)
+    assert doc["nodeQuarantine"] == [
+        {
+            "node": "n1",
+            "state": "Quarantined",
+            "failures": 4,
+            "workloads": ["t/a", "t/b"],
+            "since": "2025-01-02T03:04:05Z",
+            "until": "2025-01-02T04:04:05Z",
+        },
+        {
+            "node": "n2",
+            "state": "Held",
+            "failures": 3,
+            "workloads": ["t/c", "t/d", "t/e"],
+            "since": "2025-01-02T03:04:35Z",
+            "until": None,
+        },
+    ]
+    out = io.StringIO()
+    Console(file=out, width=200).print(status.quarantine_table(rows, at(60)))
+    lines = out.getvalue().splitlines()
+    assert lines[0].split() == ["NODE", "STATE", "FAILURES", "WORKLOADS", "SINCE", "UNTIL"]
+    assert lines[1].split() == ["n1", "Quarantined", "4", "t/a,", "t/b", "1m", "ago", "in", "59m"]
+    assert lines[2].split() == ["n2", "Held", "3", "t/c,", "t/d,", "t/e", "30s", "ago", "-"]
 
 
 def test_context_namespace_is_the_current_contexts_or_default(tmp_path: Any) -> None:
