@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from respawn import natsauth
 from shared import subjects
-from shared.messages import QUARANTINE_RESOURCE
 from shared.bus import default_streams
 from shared.bus.membership import MEMBERS_BUCKET
+from shared.messages import QUARANTINE_RESOURCE
 
 REPO = Path(__file__).resolve().parents[2]
 AUTH_CONF = REPO / "deploy" / "nats" / "auth.conf"
