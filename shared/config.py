@@ -237,6 +237,13 @@ class NodeExclusionConfig(_Section):
     max_nodes: int = Field(default=8, ge=0)
 
 
+# A Kubernetes qualified name with an optional DNS-subdomain prefix (label and taint keys).
+_LABEL_KEY = re.compile(
+    r"(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+
+
 class NodeQuarantineConfig(_Section):
     """Keep every workload off a node blamed for too many infrastructure faults (docs/autopilot.md)."""
 
@@ -254,6 +261,22 @@ class NodeQuarantineConfig(_Section):
     # Report what would be quarantined (log, metrics, the published details) without keeping
     # any workload off any node.
     dry_run: bool = False
+    # Also mark quarantined nodes on the Node object, for other schedulers: a label and/or a
+    # NoSchedule taint with this key and the value "true", removed when the quarantine ends.
+    # Empty: none. Either needs autopilot to have a Kubernetes token (docs/autopilot.md).
+    node_label: str = ""
+    node_taint: str = ""
+
+    @field_validator("node_label", "node_taint")
+    @classmethod
+    def _label_key(cls, value: str) -> str:
+        if value and not _LABEL_KEY.fullmatch(value):
+            raise ValueError(f"{value!r} is not a valid label or taint key")
+        return value
+
+    @property
+    def marks_nodes(self) -> bool:
+        return bool(self.node_label or self.node_taint)
 
     @field_validator("window", "duration")
     @classmethod

@@ -54,7 +54,7 @@ def nats_url(config: OperatorConfig) -> str:
     return os.environ.get("NATS_URL") or config.nats.url
 
 
-async def run(name: str, main: Main, *, needs_kube: bool = True) -> int:
+async def run(name: str, main: Main, *, needs_kube: bool | Callable[[OperatorConfig], bool] = True) -> int:
     telemetry = setup_telemetry(name)
     from shared.config import ConfigError, load_config
 
@@ -84,7 +84,8 @@ async def run(name: str, main: Main, *, needs_kube: bool = True) -> int:
     except BusError as exc:
         log.error("cannot use NATS: %s", exc)
         return 3
-    kube = await Kube.connect() if needs_kube else None
+    # A service may need Kubernetes only for some configurations (autopilot's node marks).
+    kube = await Kube.connect() if (needs_kube(config) if callable(needs_kube) else needs_kube) else None
     probes = await start_probes(
         probe_port(),
         # Connected, and every consumer bound (a lost stream or consumer shows here until the
@@ -120,6 +121,6 @@ async def run(name: str, main: Main, *, needs_kube: bool = True) -> int:
     return code
 
 
-def entry(name: str, main: Main, *, needs_kube: bool = True) -> None:
+def entry(name: str, main: Main, *, needs_kube: bool | Callable[[OperatorConfig], bool] = True) -> None:
     """Console-script entry point for a service."""
     sys.exit(asyncio.run(run(name, main, needs_kube=needs_kube)))

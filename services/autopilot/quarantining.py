@@ -20,9 +20,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
+from services.autopilot.marks import NodeMarks, NodeState, due_marks, mark_patch
 from services.autopilot.quarantine import (
     DRY_RUN,
     HELD,
@@ -41,6 +43,7 @@ from services.autopilot.quarantine import (
 from shared import metrics, subjects
 from shared.bus import Bus, Delivery, TransientError
 from shared.config import NodeQuarantineConfig
+from shared.kube import Kube, ResourceRef
 from shared.kubetime import as_utc, utcnow
 from shared.messages import NodeVerdict, QuarantinedNode, Verdict
 
@@ -64,7 +67,16 @@ QUARANTINE_VERDICTS = metrics.counter(
     "respawn_autopilot_quarantine_verdicts", "Quarantine verdicts published by this replica"
 )
 
+MARK_FAILURES = metrics.counter(
+    "respawn_autopilot_node_mark_failures",
+    "Quarantine labels or taints that could not be written on or removed from a Node (tried again)",
+)
+
 STATES = (QUARANTINED, DRY_RUN, HELD)
+NODES = ResourceRef("", "v1", "nodes", "Node", namespaced=False)
+# A mark written is seen in the node's next observation; until then (or after a failure) it is
+# not written again for this long.
+MARK_RETRY = 10.0
 
 
 def quarantine_msg_id(verdict: NodeVerdict) -> str:
@@ -93,6 +105,8 @@ class Quarantining:
         *,
         active: Callable[[], bool],
         node_count: Callable[[], int],
+        node_states: Callable[[], Mapping[str, NodeState]] = dict,
+        kube: Kube | None = None,
     ) -> None:
         self.bus = bus
         self.enabled = config.enabled
@@ -105,6 +119,11 @@ class Quarantining:
         self.published_seq = 0
         self.caught_up = False
         self._failure_nodes: set[str] = set()
+        self.marks = NodeMarks(label=config.node_label, taint=config.node_taint)
+        self.node_states = node_states
+        self.kube = kube
+        # Node -> (added or removed, when): the marks written and not yet seen in an observation.
+        self._marking: dict[str, tuple[bool, float]] = {}
 
     def replay_from(self, now: datetime) -> datetime:
         """Where the replay of the verdict stream starts: older verdicts cannot count."""
@@ -161,9 +180,15 @@ class Quarantining:
         await self.publish_due(utcnow())
 
     async def tick(self) -> None:
-        """Move to now: quarantines that ran out end, held nodes take freed places."""
-        if not self.caught_up or not self.enabled:
+        """Move to now: quarantines that ran out end, held nodes take freed places; the marks on
+        the nodes follow."""
+        if not self.caught_up:
             return
+        if self.enabled:
+            await self.settle_now()
+        await self.mark_nodes()
+
+    async def settle_now(self) -> None:
         now = utcnow()
         before = self.book
         after = settle(before, self.policy, now, self.node_count())
@@ -176,6 +201,28 @@ class Quarantining:
         self.book = after
         self.log_changes(before, after)
         self.update_gauges()
+
+    async def mark_nodes(self) -> None:
+        """Write or remove the label/taint of the nodes whose marks differ from the quarantine
+        (the active replica only)."""
+        if not self.marks or self.kube is None or not self.active():
+            return
+        now = time.monotonic()
+        for node, add in due_marks(self.marks, self.book.quarantined(), self.node_states()):
+            tried = self._marking.get(node)
+            if tried is not None and tried[0] == add and now - tried[1] < MARK_RETRY:
+                continue
+            self._marking[node] = (add, now)
+            try:
+                current = await self.kube.request("GET", NODES.path(None, node))
+                await self.kube.patch(NODES, node, mark_patch(self.marks, current, add))
+            except Exception as exc:  # tried again after MARK_RETRY
+                MARK_FAILURES.inc()
+                log.warning(
+                    "node %s: %s the quarantine marks failed: %s", node, "adding" if add else "removing", exc
+                )
+                continue
+            log.info("node %s: quarantine marks %s", node, "added" if add else "removed")
 
     # ------------------------------------------------------------------ output
 

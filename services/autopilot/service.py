@@ -186,8 +186,15 @@ class AutopilotService:
         # Set once this replica knows whether it is the active one (its first share is taken).
         self.share_known = asyncio.Event()
         # Node quarantine (docs/autopilot.md): its own replay of the verdict stream.
+        # Each node's labels and taints, as last observed (node quarantine's marks).
+        self.node_states: dict[str, tuple[dict[str, str], tuple[dict[str, str], ...]]] = {}
         self.quarantine = Quarantining(
-            rt.bus, rt.config.node_quarantine, active=self.active, node_count=lambda: len(self.nodes)
+            rt.bus,
+            rt.config.node_quarantine,
+            active=self.active,
+            node_count=lambda: len(self.nodes),
+            node_states=lambda: self.node_states,
+            kube=rt.kube,
         )
         self.health_verdicts: Replay[Verdict] | None = None
 
@@ -304,8 +311,10 @@ class AutopilotService:
             self.state = after
             if observation.deleted:
                 self.nodes.discard(observation.name)
+                self.node_states.pop(observation.name, None)
             else:
                 self.nodes.add(observation.name)
+                self.node_states[observation.name] = (observation.labels, observation.taints)
             self.last_seq = max(self.last_seq, delivery.stream_seq)
             if changed or not self.caught_up:
                 self.update_gauges()
@@ -424,4 +433,5 @@ async def main(rt: Runtime) -> None:
 
 
 def run() -> None:
-    entry("autopilot", main, needs_kube=False)
+    # Kubernetes only to mark quarantined nodes (nodeQuarantine.nodeLabel / nodeTaint).
+    entry("autopilot", main, needs_kube=lambda config: config.node_quarantine.marks_nodes)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.autopilot.marks import NodeMarks, NodeState, due_marks, mark_patch
 from services.autopilot.quarantine import (
     DRY_RUN,
     HELD,
@@ -271,3 +273,55 @@ def test_every_quarantine_ends_once_its_duration_has_passed(
             # Released, forgotten, or quarantined again from now on: never the old quarantine.
             after = moved.entries.get(node)
             assert after is None or node not in moved.active() or after.since == now
+
+
+# ------------------------------------------------------------------ marks on the Node objects
+
+MARKS = NodeMarks(label="respawn.dev/quarantined", taint="respawn.dev/quarantined")
+OTHER_TAINT = {"key": "gpu", "value": "x", "effect": "NoSchedule"}
+MARK_TAINT = {"key": "respawn.dev/quarantined", "value": "true", "effect": "NoSchedule"}
+
+
+def test_marks_are_added_to_quarantined_nodes_and_removed_from_the_others() -> None:
+    nodes: dict[str, NodeState] = {
+        "bad": ({}, (OTHER_TAINT,)),
+        "done": ({"respawn.dev/quarantined": "true"}, (MARK_TAINT,)),
+        "half": ({"respawn.dev/quarantined": "true"}, ()),
+        "fine": ({}, ()),
+    }
+    assert due_marks(MARKS, frozenset({"bad", "half"}), nodes) == [
+        ("bad", True),
+        ("done", False),
+        ("half", True),
+    ]
+    assert due_marks(NodeMarks(), frozenset({"bad"}), nodes) == []
+    # Only the label configured: a node with the label only is complete.
+    assert due_marks(NodeMarks(label="respawn.dev/quarantined"), frozenset({"half"}), nodes) == [
+        ("done", False)
+    ]
+
+
+def test_the_patch_keeps_other_taints_and_is_guarded_by_the_resource_version() -> None:
+    node = {"metadata": {"resourceVersion": "42"}, "spec": {"taints": [OTHER_TAINT, MARK_TAINT]}}
+    added = mark_patch(MARKS, {**node, "spec": {"taints": [OTHER_TAINT]}}, True)
+    assert added == {
+        "metadata": {"resourceVersion": "42", "labels": {"respawn.dev/quarantined": "true"}},
+        "spec": {"taints": [OTHER_TAINT, MARK_TAINT]},
+    }
+    removed = mark_patch(MARKS, node, False)
+    assert removed == {
+        "metadata": {"resourceVersion": "42", "labels": {"respawn.dev/quarantined": None}},
+        "spec": {"taints": [OTHER_TAINT]},
+    }
+    assert "spec" not in mark_patch(NodeMarks(label="k"), node, True)
+
+
+def test_mark_keys_must_be_label_keys() -> None:
+    from pydantic import ValidationError
+
+    from shared.config import NodeQuarantineConfig
+
+    assert NodeQuarantineConfig(nodeLabel="respawn.dev/quarantined").marks_nodes
+    assert not NodeQuarantineConfig().marks_nodes
+    with pytest.raises(ValidationError):
+        NodeQuarantineConfig(nodeTaint="not a key")
