@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -272,6 +273,62 @@ def test_health_and_autopilot_get_no_kubernetes_access(
         and any(s.get("name") == f"respawn-{service}" for s in d.get("subjects") or [])
     ]
     assert bound == []
+
+
+def test_the_quarantine_marks_component_lets_autopilot_get_and_patch_nodes_and_nothing_else(
+    built: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    # The base gives autopilot no token; the Component (docs/autopilot.md, "Marks on the Node")
+    # gives it one, and the right to read and patch Nodes only.
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    deploy = os.path.relpath(DEPLOY, overlay)
+    (overlay / "kustomization.yaml").write_text(
+        f"resources: [{deploy}/base]\ncomponents: [{deploy}/quarantine-marks]\n"
+    )
+    proc = subprocess.run(
+        [kubectl_binary(), "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(overlay)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert one(docs, "ServiceAccount", "respawn-autopilot")["automountServiceAccountToken"] is True
+    deployment = one(docs, "Deployment", "respawn-autopilot")
+    assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    bound = [
+        d
+        for d in docs
+        if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+        and any(s.get("name") == "respawn-autopilot" for s in d.get("subjects") or [])
+    ]
+    assert [(b["kind"], b["roleRef"]["name"]) for b in bound] == [
+        ("ClusterRoleBinding", "respawn-autopilot-node-marks")
+    ]
+    assert bound[0]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "respawn-autopilot", "namespace": SYSTEM_NS}
+    ]
+    role = one(docs, "ClusterRole", "respawn-autopilot-node-marks")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    # The marks are switched on through the shared environment, and the values load.
+    env = configmap(docs, "respawn-env")["data"]
+    quarantine = load_config(env=env).node_quarantine
+    assert (quarantine.node_label, quarantine.node_taint) == (
+        "respawn.dev/quarantined",
+        "respawn.dev/quarantined",
+    )
+
+    # Everything of the base is still there (the environment's ConfigMap under a new hash).
+    def names(found: list[dict[str, Any]]) -> set[tuple[str, str]]:
+        return {
+            (d["kind"], d["metadata"]["name"])
+            for d in found
+            if not d["metadata"]["name"].startswith("respawn-env-")
+        }
+
+    assert names(built["base"]) <= names(docs)
 
 
 def test_base_runs_three_nats_servers_and_replicates_streams_three_times(

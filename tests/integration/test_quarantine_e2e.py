@@ -23,12 +23,14 @@ from respawn.testbed import manifests, sim
 from respawn.testbed.modes import Endpoints
 from shared import subjects
 from shared.appwrapper.model import read_appwrapper
-from shared.messages import QUARANTINE_RESOURCE, NodeVerdict
+from shared.kubetime import utcnow
+from shared.messages import QUARANTINE_RESOURCE, NodeVerdict, ObjectRef, Verdict
 from tests.integration.cli import respawn
 from tests.integration.conftest import ServiceFactory
 from tests.integration.healthfeed import metric
 from tests.integration.objects import FAST_RESET, apply, get_appwrapper, running_pods, wait_phase
 from tests.integration.observe import Observer
+from tests.nats_fixtures import connected_bus
 from tests.waiting import until
 
 pytestmark = pytest.mark.testbed
@@ -144,3 +146,61 @@ async def test_a_node_that_fails_three_workloads_is_avoided_by_a_fourth(
         # The quarantine ends after its 20 s; later tests find every node usable again.
         if quarantined:
             await quarantine_verdict(testbed.nats_url, lambda v: BAD not in v.no_schedule, within=90)
+
+
+MARKED = "kwok-node-2"
+MARK = "respawn.dev/quarantined"
+
+
+def marks_on(kc: Path, node: str) -> tuple[str | None, list[dict[str, str]]]:
+    """The node's quarantine label value and its quarantine taints."""
+    found = sim.get_json(kc, "node", node)
+    taints = [t for t in found["spec"].get("taints") or [] if t["key"] == MARK]
+    return found["metadata"].get("labels", {}).get(MARK), taints
+
+
+async def test_a_quarantined_node_is_labelled_and_tainted_until_its_quarantine_ends(
+    testbed: Endpoints, appwrapper_crd: Path, namespace: str, service: ServiceFactory
+) -> None:
+    kc = testbed.kubeconfig
+    service("watcher")  # the nodes, their labels and taints
+    service(
+        "autopilot",
+        env={
+            **QUARANTINE,
+            "RESPAWN_NODE_QUARANTINE_DURATION": "5s",
+            "RESPAWN_NODE_QUARANTINE_NODE_LABEL": MARK,
+            "RESPAWN_NODE_QUARANTINE_NODE_TAINT": MARK,
+        },
+    )
+    # Verdicts as health publishes them: three workloads' infrastructure faults on the node.
+    async with connected_bus(testbed.nats_url) as bus:
+        for i in range(3):
+            name = f"marks-{i}"
+            verdict = Verdict(
+                ref=ObjectRef(namespace=namespace, name=name, uid=f"uid-{namespace}-{name}"),
+                state="Unhealthy",
+                reason="FoundFailedPods",
+                nodes=(MARKED,),
+                decided_at=utcnow(),
+                failure_class="Unknown",
+                failure_code="ExitCode:1",
+                fault_kind="Infrastructure",
+            )
+            await bus.publish(subjects.verdict(namespace, name), verdict, msg_id=None)
+    try:
+        _, taints = await until(
+            "the node labelled and tainted",
+            lambda: marks_on(kc, MARKED),
+            done=lambda marks: marks[0] == "true" and len(marks[1]) == 1,
+            within=30,
+        )
+        assert taints == [{"key": MARK, "value": "true", "effect": "NoSchedule"}]
+    finally:
+        # Removed when the quarantine ends, 5 s later: later tests find the node as it was.
+        await until(
+            "the marks removed",
+            lambda: marks_on(kc, MARKED),
+            done=lambda marks: marks == (None, []),
+            within=60,
+        )
