@@ -5,8 +5,11 @@ that applies decides):
 
 1. ``MissingComponent``: a wrapped resource of this attempt was deleted (tombstone) or is being
    deleted. Unhealthy at once, ``terminal`` (upstream fails the AppWrapper without a retry).
-2. ``FailedComponent``: a wrapped batch/v1 Job or PyTorchJob reports Failed. Unhealthy at once;
-   its failed pods are classified as for ``FoundFailedPods`` (below).
+2. ``FailedComponent``: a wrapped batch/v1 Job or PyTorchJob reports Failed. Unhealthy at once
+   when a failed pod of the attempt is known, and its failed pods are classified as for
+   ``FoundFailedPods`` (below); otherwise Unhealthy FAILED_POD_SETTLE (2 s) after the component
+   was seen Failed, unclassified, unless a failed pod is observed meanwhile (the pod's failure
+   and the Job's come through different watches, in either order).
 3. Success: at least the expected number of pods Succeeded and none pending, running or failed.
    With a completion policy (``respawn.dev/completion-policy``): a failed pod counts only once
    its pod set has ``minFailed`` failed pods (tolerated ones count as completed), and the
@@ -59,7 +62,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from services.health.state import (
@@ -114,6 +117,8 @@ CODE_STALLED: Final = "Stalled"
 CLASS_UNKNOWN: Final = "Unknown"
 
 _NAMES_SHOWN: Final = 5
+# How long a failed component without a failed pod in sight waits for one (see _failed_component).
+FAILED_POD_SETTLE: Final = timedelta(seconds=2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,15 +337,30 @@ def _attempt_pods(aw: AppWrapperView, pods: _Pods) -> int:
 
 
 def _failed_component(
-    aw: AppWrapperView, failed: list[ComponentRecord], pods: _Pods, settings: FailureSettings
+    aw: AppWrapperView, failed: list[ComponentRecord], pods: _Pods, settings: FailureSettings, now: datetime
 ) -> Finding:
     judged = classify_attempt(aw, pods.failed, settings, _attempt_pods(aw, pods))
     details = _names(
         f"{c.kind}/{c.name}" + (f" ({c.status_message})" if c.status_message else "") for c in failed
     )
     message = f"Found {len(failed)} failed components: {details}"
+    first = min(c.failed_at or c.observed_at for c in failed)
     if judged is not None:
         message += f"; {judged.failure_class} ({judged.code}): {judged.describe()}"
+    elif now < first + FAILED_POD_SETTLE:
+        # A Job fails because its pod did, but the two come through different watches: the
+        # Job's failure may be seen first. Deciding then would leave the failure unclassified
+        # (an eviction counted as a retry, a terminal exit code not seen), so wait a moment for
+        # the failed pods; a component that fails with no pod failing waits this long too.
+        settled = first + FAILED_POD_SETTLE
+        return Finding(
+            state="Healthy",
+            reason=str(Reason.FAILED_COMPONENT),
+            message=f"{message}; waiting until {_kube_time(settled)} for its failed pods to be observed",
+            first_unhealthy_at=first,
+            deadline=settled,
+            next_check=settled,
+        )
     return Finding(
         state="Unhealthy",
         reason=str(Reason.FAILED_COMPONENT),
@@ -348,7 +368,7 @@ def _failed_component(
         # Upstream's terminal exit codes make a pod's class Permanent (docs/failures.md).
         terminal=judged is not None and judged.failure_class is FailureClass.PERMANENT,
         nodes=judged.nodes if judged is not None else (),
-        first_unhealthy_at=min(c.failed_at or c.observed_at for c in failed),
+        first_unhealthy_at=first,
         failure_class=str(judged.failure_class) if judged is not None else "",
         failure_code=judged.code if judged is not None else "",
         fault_kind=judged.fault_kind if judged is not None else "",
@@ -560,7 +580,7 @@ def assess(state: AppWrapperHealth, aw: AppWrapperView, now: datetime) -> Findin
         return _missing_component(aw, missing)
     failed_components = [c for c in components if c.failed]
     if failed_components:
-        return _failed_component(aw, failed_components, pods, state.failures)
+        return _failed_component(aw, failed_components, pods, state.failures, now)
     tolerated = 0
     if aw.completion is not None:
         pods, tolerated, by_policy = _completion(state, aw.completion, pods, aw.attempt_started_at)

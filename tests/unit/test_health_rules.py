@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 from respawn.testbed import manifests
-from services.health.rules import REASON_APPWRAPPER_DELETED, Decision, evaluate, verdict_msg_id
+from services.health.rules import (
+    FAILED_POD_SETTLE,
+    REASON_APPWRAPPER_DELETED,
+    Decision,
+    evaluate,
+    verdict_msg_id,
+)
 from services.health.state import (
     AppWrapperHealth,
     FailureSettings,
@@ -578,23 +584,46 @@ def test_failed_pods_in_grace_take_precedence_over_no_execute_as_upstream() -> N
 # --------------------------------------------------------------------------- components
 
 
-@pytest.mark.parametrize(
-    ("pods", "terminal"),
-    [
-        (running("p0", "p1"), False),
-        ([failed_pod("p0", finished_at=T0 + MIN, exit_code=42)], True),
-    ],
-)
-def test_failed_job_is_unhealthy_at_once(pods: list[PodObservation], terminal: bool) -> None:
+def test_failed_job_with_a_failed_pod_is_unhealthy_at_once_and_classified() -> None:
     obs = [
         aw_obs(annotations={TERMINAL_EXIT_CODES_ANNOTATION: "42"}),
         component(failed=True, status_message="BackoffLimitExceeded", observed_at=T0 + MIN),
-        *pods,
+        failed_pod("p0", finished_at=T0 + MIN, exit_code=42),
     ]
     v = verdict_of(obs, T0 + MIN)
-    assert (v.state, v.reason, v.terminal) == ("Unhealthy", "FailedComponent", terminal)
+    assert (v.state, v.reason, v.terminal) == ("Unhealthy", "FailedComponent", True)
+    assert (v.failure_class, v.failure_code) == ("Permanent", "ExitCode:42")
     assert v.message.startswith("Found 1 failed components: Job/train-job (BackoffLimitExceeded)")
     assert v.first_unhealthy_at == T0 + MIN
+
+
+def test_failed_job_without_a_failed_pod_in_sight_waits_for_one_then_is_unhealthy_unclassified() -> None:
+    obs = [
+        aw_obs(annotations={TERMINAL_EXIT_CODES_ANNOTATION: "42"}),
+        component(failed=True, status_message="BackoffLimitExceeded", observed_at=T0 + MIN),
+        *running("p0", "p1"),
+    ]
+    waiting = verdict_of(obs, T0 + MIN + SEC)
+    assert (waiting.state, waiting.reason) == ("Healthy", "FailedComponent")
+    assert waiting.deadline == T0 + MIN + FAILED_POD_SETTLE
+    v = verdict_of(obs, T0 + MIN + FAILED_POD_SETTLE)
+    assert (v.state, v.reason, v.terminal) == ("Unhealthy", "FailedComponent", False)
+    assert (v.failure_class, v.failure_code) == ("", "")
+    assert v.message.startswith("Found 1 failed components: Job/train-job (BackoffLimitExceeded)")
+    assert v.first_unhealthy_at == T0 + MIN
+
+
+def test_a_failed_pod_seen_after_its_failed_job_still_classifies_the_failure() -> None:
+    """The Job's failure and its pod's come through different watches, in either order."""
+    obs = [
+        aw_obs(),
+        component(failed=True, status_message="BackoffLimitExceeded", observed_at=T0 + MIN),
+    ]
+    assert verdict_of(obs, T0 + MIN).state == "Healthy"
+    obs.append(failed_pod("p0", finished_at=T0 + MIN, exit_code=137))
+    v = verdict_of(obs, T0 + MIN + SEC)
+    assert (v.state, v.reason) == ("Unhealthy", "FailedComponent")
+    assert (v.failure_class, v.failure_code) == ("Transient", "Signal:SIGKILL")
 
 
 @pytest.mark.parametrize(
