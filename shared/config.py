@@ -254,7 +254,8 @@ class NodeQuarantineConfig(_Section):
     window: Duration = timedelta(hours=1)
     # How long a quarantine lasts; the node's count starts again from zero after it.
     duration: Duration = timedelta(hours=1)
-    # At most this share of the known nodes is quarantined at once (rounded down): past it, the
+    # At most this share of the known nodes is quarantined at once (rounded down, but at least one
+    # of two or more nodes while above 0, never the only one): past it, the
     # worst nodes are quarantined and the rest only reported, so a cluster-wide problem blamed on
     # nodes cannot empty the cluster.
     max_share: float = Field(default=0.1, ge=0.0, le=1.0)

@@ -65,9 +65,14 @@ class QuarantinePolicy:
         )
 
     def cap(self, node_count: int) -> int:
-        """How many nodes may be quarantined at once: ``max_share`` of them, rounded down."""
+        """How many nodes may be quarantined at once: ``max_share`` of them, rounded down, but
+        at least one of two or more nodes while ``max_share`` is above 0 (rounding alone would
+        switch quarantine off on every cluster of fewer than 1 / max_share nodes), and never
+        the only node."""
+        nodes = max(0, node_count)
         # The epsilon keeps 0.3 * 10 from rounding down to 2.
-        return max(0, math.floor(self.max_share * max(0, node_count) + 1e-9))
+        share = max(0, math.floor(self.max_share * nodes + 1e-9))
+        return max(share, 1) if self.max_share > 0 and nodes >= 2 else share
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,10 @@ def services_on(kubeconfig: Path, nats_url: str, log_dir: Path) -> Iterator[Serv
     started: list[ServiceProcess] = []
 
     def start(name: str, *, instance: str = "", env: dict[str, str] | None = None) -> ServiceProcess:
+        # The session's testbed and NATS outlive a test, and so do its verdicts: an autopilot
+        # would count the infrastructure faults of earlier tests and quarantine a node under a
+        # later one. Only the tests of node quarantine turn it on.
+        env = {"RESPAWN_NODE_QUARANTINE_ENABLED": "false", **(env or {})}
         sp = spawn_service(
             name, kubeconfig=kubeconfig, nats_url=nats_url, log_dir=log_dir, instance=instance, env=env
         )

@@ -39,6 +39,7 @@ GPU = manifests.GPU
 BAD = "kwok-node-1"
 GOOD = ("kwok-node-0", "kwok-node-2", "kwok-node-3")
 QUARANTINE = {
+    "RESPAWN_NODE_QUARANTINE_ENABLED": "true",
     "RESPAWN_NODE_QUARANTINE_THRESHOLD": "3",
     "RESPAWN_NODE_QUARANTINE_WINDOW": "3m",
     "RESPAWN_NODE_QUARANTINE_DURATION": "20s",

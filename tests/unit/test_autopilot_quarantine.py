@@ -182,9 +182,14 @@ def test_dry_run_reports_but_keeps_nobody_off() -> None:
     assert quarantine_verdict(book, T0).no_schedule == ()
 
 
-def test_a_small_cluster_rounds_the_cap_down() -> None:
-    assert POLICY.cap(1) == 0
+def test_the_cap_rounds_down_but_allows_one_node_of_a_small_cluster_and_never_the_only_one() -> None:
+    default = QuarantinePolicy()  # a share of 0.1
+    assert default.cap(1) == 0
+    assert default.cap(2) == 1
+    assert default.cap(4) == 1
+    assert default.cap(25) == 2
     assert QuarantinePolicy(max_share=0.3).cap(10) == 3
+    assert QuarantinePolicy(max_share=0).cap(50) == 0
     book = fold(three_faults(), nodes=1)
     assert book.quarantined() == frozenset()
     assert book.entries["bad"].state == HELD
