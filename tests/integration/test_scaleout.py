@@ -124,7 +124,9 @@ def test_two_replicas_of_each_service_share_the_work_and_lose_nothing_when_one_d
     reset = [replicas.metric(f"lifecycle-{i}", "respawn_lifecycle_resets_total") for i in (0, 1)]
     active = [replicas.metric(f"autopilot-{i}", "respawn_partitions_owned") for i in (0, 1)]
     assert all(n > 0 for n in published), published
-    assert all(0 < n < WORKLOADS for n in held), held
+    # The gauge counts every AppWrapper a replica holds, also those earlier tests of the session
+    # left in other namespaces: so each holds some, and together at least this test's.
+    assert all(n > 0 for n in held) and sum(held) >= WORKLOADS, held
     assert all(0 < n < WORKLOADS for n in reset) and sum(reset) == WORKLOADS, reset
     assert sorted(active) == [0, 1], active
     for service in ("watcher", "health", "lifecycle"):
