@@ -58,6 +58,35 @@ def fail_pod(
         added = {"status": "True", "lastTransitionTime": now, **condition}
         kept = [c for c in body.get("status", {}).get("conditions", []) if c.get("type") != added["type"]]
         patch["status"]["conditions"] = [*kept, added]
+    patch_pod_status(kubeconfig, namespace, pod, patch)
+
+
+def crash_loop_pod(kubeconfig: Path, namespace: str, body: dict[str, Any], restarts: int) -> None:
+    """Write a crash loop's status, as the kubelet does: every container of the pod ``body``
+    exited with 1 and waits in CrashLoopBackOff to be started again, ``restarts`` times so far;
+    the pod stays Running (restartPolicy OnFailure)."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    statuses = [
+        {
+            "name": c["name"],
+            "image": c.get("image", ""),
+            "ready": False,
+            "started": False,
+            "restartCount": restarts,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting"}},
+            "lastState": {
+                "terminated": {"exitCode": 1, "reason": "Error", "startedAt": now, "finishedAt": now}
+            },
+        }
+        for c in body["spec"]["containers"]
+    ]
+    patch = {"status": {"phase": "Running", "containerStatuses": statuses}}
+    patch_pod_status(kubeconfig, namespace, body["metadata"]["name"], patch)
+
+
+def patch_pod_status(kubeconfig: Path, namespace: str, pod: str, patch: dict[str, Any]) -> None:
+    """A merge patch of the pod's status subresource, as a kubelet writes it; the testbed's
+    kwok stages never overwrite it."""
     kubectl(
         kubeconfig,
         "patch",

@@ -16,11 +16,11 @@ import pytest
 
 from respawn.testbed import manifests, sim
 from respawn.testbed.modes import Endpoints
-from respawn.testbed.services import ServiceProcess, spawn_service
 from shared import subjects
 from shared.appwrapper.model import read_appwrapper
 from shared.failures.annotation import FAILURE_PATTERNS_ANNOTATION
 from shared.messages import LifecycleEvent, Verdict
+from tests.integration.conftest import services_on
 from tests.integration.objects import (
     FAST_RESET,
     apply,
@@ -42,16 +42,10 @@ def services(
 ) -> Iterator[None]:
     """watcher, health and lifecycle, each its own process, shared by this module's tests."""
     logs = tmp_path_factory.mktemp("failure-classes") / "logs"
-    started: list[ServiceProcess] = []
-    try:
+    with services_on(testbed.kubeconfig, testbed.nats_url, logs) as start:
         for name in ("watcher", "health", "lifecycle"):
-            started.append(
-                spawn_service(name, kubeconfig=testbed.kubeconfig, nats_url=testbed.nats_url, log_dir=logs)
-            )
+            start(name)
         yield
-    finally:
-        for sp in started:
-            sp.stop()
 
 
 def submit(kubeconfig: Path, namespace: str, name: str, annotations: Mapping[str, str] = {}) -> None:

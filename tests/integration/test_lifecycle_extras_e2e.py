@@ -15,9 +15,9 @@ import pytest
 from respawn.testbed import manifests, sim
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
-from respawn.testbed.services import ServiceProcess, spawn_service
+from respawn.testbed.services import ServiceProcess
 from shared.appwrapper.model import read_appwrapper
-from tests.integration.conftest import ServiceFactory
+from tests.integration.conftest import ServiceFactory, services_on
 from tests.integration.objects import (
     FAST_RESET,
     apply,
@@ -38,17 +38,12 @@ def observers(
     testbed: Endpoints, appwrapper_crd: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[None]:
     """watcher and health, shared by this module's tests; each test starts its own lifecycle."""
-    logs = tmp_path_factory.mktemp("observers") / "logs"
-    started: list[ServiceProcess] = []
-    try:
-        for name in ("watcher", "health"):
-            started.append(
-                spawn_service(name, kubeconfig=testbed.kubeconfig, nats_url=testbed.nats_url, log_dir=logs)
-            )
+    with services_on(
+        testbed.kubeconfig, testbed.nats_url, tmp_path_factory.mktemp("observers") / "logs"
+    ) as start:
+        start("watcher")
+        start("health")
         yield
-    finally:
-        for sp in started:
-            sp.stop()
 
 
 @pytest.fixture

@@ -9,13 +9,13 @@ verdict stream as an external subscriber would.
 from __future__ import annotations
 
 import contextlib
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from respawn.testbed import sim
 from respawn.testbed.cluster import kubectl
 from shared.appwrapper.model import read_appwrapper
 from shared.messages import Verdict, decode
@@ -58,36 +58,7 @@ async def running(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any]
 
 
 def crash(kubeconfig: Path, namespace: str, body: dict[str, Any], restarts: int) -> None:
-    """Write a crash loop's status, as the kubelet does: the container exited with 1 and waits
-    in CrashLoopBackOff to be started again; the pod stays Running (restartPolicy OnFailure)."""
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    statuses = [
-        {
-            "name": c["name"],
-            "image": c.get("image", ""),
-            "ready": False,
-            "started": False,
-            "restartCount": restarts,
-            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting"}},
-            "lastState": {
-                "terminated": {"exitCode": 1, "reason": "Error", "startedAt": now, "finishedAt": now}
-            },
-        }
-        for c in body["spec"]["containers"]
-    ]
-    patch = {"status": {"phase": "Running", "containerStatuses": statuses}}
-    kubectl(
-        kubeconfig,
-        "patch",
-        "pod",
-        body["metadata"]["name"],
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps(patch),
-    )
+    sim.crash_loop_pod(kubeconfig, namespace, body, restarts)
 
 
 def beat(kubeconfig: Path, namespace: str, kind: str, name: str) -> None:
