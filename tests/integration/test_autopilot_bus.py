@@ -62,10 +62,16 @@ async def autopilot(
     *,
     monitor: bool = True,
     quarantine: bool = True,
+    node_state: bool = False,
 ) -> AsyncIterator[AutopilotService]:
-    """One autopilot replica running on ``bus``; stopped (its consumer deleted) on leaving."""
+    """One autopilot replica running on ``bus``; stopped (its consumer deleted) on leaving.
+
+    The node-state verdict is off unless asked for: the tests that count the verdicts on the wire
+    are about the resources' sets, which a deleted node would otherwise interleave with it."""
     config = OperatorConfig(
-        autopilot=AutopilotConfig(resource_taints=dict(taints), monitor_nodes=monitor),
+        autopilot=AutopilotConfig(
+            resource_taints=dict(taints), monitor_nodes=monitor, publish_node_state=node_state
+        ),
         node_quarantine=NodeQuarantineConfig(enabled=quarantine),
     )
     svc = AutopilotService(Runtime(name="autopilot", config=config, bus=bus, kube=None, probes=None))
@@ -275,7 +281,8 @@ async def test_monitor_off_clears_stored_sets_without_reading_nodes(own_bus: Bus
     async with autopilot(own_bus) as first:
         await caught_up(first)
     assert (await stored(own_bus))[1].no_execute == ("n1",)
-    # Node quarantine reads the nodes too (its cap is a share of them): off as well here.
+    # Node quarantine reads the nodes too (its cap is a share of them), and so does the node
+    # state (off in this helper): off as well here.
     async with autopilot(own_bus, monitor=False, quarantine=False) as off:
         await caught_up(off)
         assert off.consumer is None
