@@ -354,7 +354,7 @@ class AutopilotService:
         self.update_gauges()
 
     def update_gauges(self) -> None:
-        states = [e.state for e in self.lost.entries.values()]
+        states: list[str] = [e.state for e in self.lost.entries.values()]
         for state in LOST_STATES:
             LOST_NODES.labels(state=state).set(states.count(state))
         resources = {*self.taints, *self.state.by_resource, *self.published}
