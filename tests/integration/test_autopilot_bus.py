@@ -31,7 +31,7 @@ from services.autopilot.service import AutopilotService, sets_of
 from shared import subjects
 from shared.bus import MSG_ID_HEADER, Bus
 from shared.config import AutopilotConfig, NodeQuarantineConfig, OperatorConfig, ResourceTaint
-from shared.messages import NodeObservation, NodeVerdict, decode
+from shared.messages import NODE_STATE_RESOURCE, NodeObservation, NodeVerdict, decode
 from shared.runtime import Runtime
 from tests.autopilot_taints import GPU, HEALTH, NOW, RDMA, TAINTS
 from tests.nats_fixtures import connected_bus
@@ -345,3 +345,37 @@ async def test_published_sets_always_match_the_latest_state_of_every_node(
             await handled(second, await feed(after))
         _, verdict = await stored(bus)
     assert sets_of(verdict) == rebuild(latest.values(), TAINTS).nodes(GPU)
+
+
+# ------------------------------------------------------------------ node state
+
+
+async def test_lost_nodes_are_published_on_change_and_not_again_after_a_restart(own_bus: Bus) -> None:
+    """The node-state verdict (docs/autopilot.md#node-state): the complete list of lost nodes,
+    published when it changes, and rebuilt from the stream by a restarted replica."""
+    down = NodeObservation(name="n2", observed_at=NOW, ready=False, ready_status="Unknown", ready_since=NOW)
+    await observe(own_bus, node("n1"), down)
+    async with wire(own_bus) as tap, autopilot(own_bus, node_state=True) as svc:
+        await caught_up(svc)
+        [(msg_id, verdict)] = [(i, v) for i, v in await tap.sent() if v.resource == NODE_STATE_RESOURCE]
+        assert [(e.node, e.state, e.since) for e in verdict.lost_nodes] == [("n2", "Unknown", NOW)]
+        assert msg_id.startswith("nodestate:start-")
+        # A heartbeat of the same state: nothing; n1 deleted: listed, dated by its tombstone.
+        await observe(own_bus, down)
+        gone = await observe(own_bus, node("n1", deleted=True))
+        await handled(svc, gone)
+        published = [v for _, v in await tap.sent() if v.resource == NODE_STATE_RESOURCE]
+        assert [[(e.node, e.state) for e in v.lost_nodes] for v in published] == [
+            [("n2", "Unknown")],
+            [("n1", "Deleted"), ("n2", "Unknown")],
+        ]
+    # Same world: the restarted replica rebuilds the same list (the tombstone is n1's last
+    # message) and publishes nothing.
+    async with wire(own_bus) as tap, autopilot(own_bus, node_state=True) as again:
+        await caught_up(again)
+        assert [v for _, v in await tap.sent() if v.resource == NODE_STATE_RESOURCE] == []
+        assert again.lost.listed() == published[-1].lost_nodes
+    # Turned off: the stored list is cleared, so health stops reading a stale one.
+    async with autopilot(own_bus, node_state=False) as off:
+        await caught_up(off)
+    assert (await stored(own_bus, NODE_STATE_RESOURCE))[1].lost_nodes == ()
