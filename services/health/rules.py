@@ -19,8 +19,10 @@ that applies decides):
    (:func:`shared.failures.classify.classify`: the upstream exit-code annotations, the
    workload's patterns, the operator's table) and the attempt gets one class and code
    (:func:`classify_attempt`); ``terminal`` when it is ``Permanent`` (a terminal exit code makes
-   it so). The fault is the application's or the infrastructure's
-   (:func:`shared.failures.blame.attribute`), and ``nodes`` names the nodes blamed.
+   it so). A pod's node state is the one autopilot's node-state verdict gives when the rules
+   run (:func:`services.health.state.node_state_of`). The fault is the application's or the
+   infrastructure's (:func:`shared.failures.blame.attribute`), and ``nodes`` names the nodes
+   blamed.
 5. ``AutopilotNoExecute``: a Running pod uses a resource that Autopilot marks NoExecute on its
    node. Unhealthy at once, ``counts_toward_retry=False``, the nodes listed.
 6. ``RestartStorm`` (Respawn's own): a container of a pod of this attempt restarted at least K

@@ -288,7 +288,8 @@ def failure_facts(obs: PodObservation, failed_at: datetime | None) -> FailureFac
     """The facts a failure of this pod is classified on, from its observation alone.
 
     The node's state and whether someone else deleted the pod are not in a pod observation;
-    they are left unknown (``""``, False), so the table rows that need them do not match.
+    they are left unknown (``""``, False) here. The node's state is filled in when the failure is
+    judged, from autopilot's node-state verdict (:func:`node_state_of`, by the rules).
     """
     # Init containers first, as FailureFacts expects (first_failed prefers a non-init one).
     ordered = sorted(obs.containers, key=lambda c: not c.init)
