@@ -31,6 +31,7 @@ from services.autopilot.service import AutopilotService, sets_of
 from shared import subjects
 from shared.bus import MSG_ID_HEADER, Bus
 from shared.config import AutopilotConfig, NodeQuarantineConfig, OperatorConfig, ResourceTaint
+from shared.kubetime import utcnow
 from shared.messages import NODE_STATE_RESOURCE, NodeObservation, NodeVerdict, decode
 from shared.runtime import Runtime
 from tests.autopilot_taints import GPU, HEALTH, NOW, RDMA, TAINTS
@@ -179,7 +180,8 @@ async def test_after_the_replay_only_changes_publish_and_heartbeats_do_not(own_b
         assert sent[-1][0].startswith(f"nodeverdict:{GPU}:obs-{evicted}:")
         # The same again: nothing; the node deleted: its sets are cleared.
         await observe(own_bus, node("n1", "EVICT"))
-        gone = await observe(own_bus, node("n1", deleted=True))
+        # Deleted now (a tombstone dated NOW would be past the hour a deleted node is kept).
+        gone = await observe(own_bus, NodeObservation(name="n1", observed_at=utcnow(), deleted=True))
         await handled(svc, gone)
         sent = await tap.sent()
     assert len(sent) == 3
@@ -362,7 +364,8 @@ async def test_lost_nodes_are_published_on_change_and_not_again_after_a_restart(
         assert msg_id.startswith("nodestate:start-")
         # A heartbeat of the same state: nothing; n1 deleted: listed, dated by its tombstone.
         await observe(own_bus, down)
-        gone = await observe(own_bus, node("n1", deleted=True))
+        # Deleted now (a tombstone dated NOW would be past the hour a deleted node is kept).
+        gone = await observe(own_bus, NodeObservation(name="n1", observed_at=utcnow(), deleted=True))
         await handled(svc, gone)
         published = [v for _, v in await tap.sent() if v.resource == NODE_STATE_RESOURCE]
         assert [[(e.node, e.state) for e in v.lost_nodes] for v in published] == [
