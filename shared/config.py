@@ -224,6 +224,9 @@ def _default_resource_taints() -> dict[str, list[ResourceTaint]]:
 class AutopilotConfig(_Section):
     inject_anti_affinities: bool = True
     monitor_nodes: bool = True
+    # Publish the nodes that are NotReady, out of contact or deleted (the node verdict of
+    # respawn.dev/node-state), which failure classification reads as a failed pod's node state.
+    publish_node_state: bool = True
     resource_taints: dict[str, list[ResourceTaint]] = Field(default_factory=_default_resource_taints)
     # Weight of the preferred node-affinity term built from PreferNoSchedule taints (upstream's
     # preferNoScheduleWeight); Kubernetes allows 1..100.
@@ -513,8 +516,13 @@ class FailuresConfig(_Section):
     # Pods of one attempt that all fail within this long of each other, with the same code, fail
     # the application's way: no node is blamed.
     application_fault_window: Duration = timedelta(seconds=5)
+    # A failed pod's node counts as lost (NotReady, Unknown, Deleted) only if it became so no
+    # later than this after the pod failed: the node controller notices a silent kubelet only
+    # after its grace period, while a pod that failed well before its node went bad failed by
+    # itself.
+    node_lost_leeway: Duration = timedelta(minutes=1)
 
-    @field_validator("application_fault_window")
+    @field_validator("application_fault_window", "node_lost_leeway")
     @classmethod
     def _window(cls, value: timedelta) -> timedelta:
         return _not_negative(value)

@@ -209,6 +209,7 @@ class ComponentObservation(Message):
 
 class NodeObservation(Message):
     KIND: ClassVar[str] = "observation.node"
+    REVISION: ClassVar[int] = 1
 
     name: str
     resource_version: str = ""
@@ -218,6 +219,11 @@ class NodeObservation(Message):
     taints: tuple[dict[str, str], ...] = ()
     unschedulable: bool = False
     ready: bool = True
+    # Revision 1: the Ready condition's status as written (True, False or Unknown; "" when the
+    # node has none) and its lastTransitionTime, so that a node out of contact (Unknown) is told
+    # from one that reports itself NotReady, and every reader dates the change alike.
+    ready_status: str = ""
+    ready_since: datetime | None = None
 
 
 # --------------------------------------------------------------------- verdicts
@@ -290,11 +296,33 @@ class QuarantinedNode(BaseModel):
     until: datetime | None = None
 
 
+LostNodeState = Literal["NotReady", "Unknown", "Deleted"]
+
+# The pseudo-resource of the node verdict that carries the nodes that are not Ready, out of
+# contact or gone (docs/autopilot.md, "Node state"): what failure classification reads as a
+# pod's node state. Its three sets are always empty.
+NODE_STATE_RESOURCE = "respawn.dev/node-state"
+
+
+class LostNode(BaseModel):
+    """One node of the node-state verdict (docs/messages.md)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node: str
+    # NotReady: its Ready condition is False (or it has none); Unknown: the node controller
+    # lost contact with it; Deleted: the Node object is gone.
+    state: LostNodeState
+    # When it entered this state: the Ready condition's lastTransitionTime (else when it was
+    # first observed so), or when its deletion was observed.
+    since: datetime
+
+
 class NodeVerdict(Message):
     """Autopilot's view of unhealthy nodes for one resource (e.g. nvidia.com/gpu)."""
 
     KIND: ClassVar[str] = "verdict.node"
-    REVISION: ClassVar[int] = 1
+    REVISION: ClassVar[int] = 2
 
     resource: str
     no_schedule: tuple[str, ...] = ()
@@ -304,6 +332,9 @@ class NodeVerdict(Message):
     # Revision 1: on the resource QUARANTINE_RESOURCE only, every node of the quarantine with
     # why; the Quarantined ones are also the ``no_schedule`` set.
     quarantine: tuple[QuarantinedNode, ...] = ()
+    # Revision 2: on the resource NODE_STATE_RESOURCE only, every node that is not Ready, out
+    # of contact, or deleted within the last hour, sorted by name.
+    lost_nodes: tuple[LostNode, ...] = ()
 
 
 class LifecycleEvent(Message):

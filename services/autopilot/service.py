@@ -35,12 +35,19 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from services.autopilot.nodes import NodeHealthState, ResourceNodes, apply, verdicts
+from services.autopilot.nodestate import LostNodes, expire, node_state_verdict, observe
 from services.autopilot.quarantining import Quarantining
 from shared import metrics, subjects
 from shared.bus import Delivery, Replay, TransientError, replay_consumer_name, until_done
 from shared.bus.membership import Membership
 from shared.kubetime import as_utc, utcnow
-from shared.messages import QUARANTINE_RESOURCE, NodeObservation, NodeVerdict, Verdict
+from shared.messages import (
+    NODE_STATE_RESOURCE,
+    QUARANTINE_RESOURCE,
+    NodeObservation,
+    NodeVerdict,
+    Verdict,
+)
 from shared.runtime import Runtime, entry
 from shared.taints import NO_EXECUTE, NO_SCHEDULE, PREFER_NO_SCHEDULE, Effect, ResourceTaints
 
@@ -55,6 +62,12 @@ PUBLISHED = metrics.counter(
     "respawn_autopilot_node_verdicts", "Node verdicts published, by resource", ["resource"]
 )
 NODES_SEEN = metrics.gauge("respawn_autopilot_nodes", "Nodes whose latest observation was folded in")
+LOST_NODES = metrics.gauge(
+    "respawn_autopilot_lost_nodes",
+    "Nodes in the node-state verdict (NotReady, Unknown, or deleted within the last hour), by state",
+    ["state"],
+)
+LOST_STATES = ("NotReady", "Unknown", "Deleted")
 
 EFFECTS: tuple[Effect, ...] = (NO_EXECUTE, NO_SCHEDULE, PREFER_NO_SCHEDULE)
 
@@ -84,6 +97,13 @@ def sets_of(verdict: NodeVerdict | None) -> ResourceNodes:
         prefer_no_schedule=frozenset(verdict.prefer_no_schedule),
         no_execute=frozenset(verdict.no_execute),
     )
+
+
+def node_state_msg_id(verdict: NodeVerdict, cause: str) -> str:
+    """De-duplication id of a node-state verdict: the cause (as for :func:`verdict_msg_id`, since
+    the set can return to an earlier value) and a digest of the entries."""
+    body = json.dumps([e.model_dump(mode="json") for e in verdict.lost_nodes], separators=(",", ":"))
+    return f"nodestate:{cause}:{hashlib.sha256(body.encode()).hexdigest()[:20]}"
 
 
 def verdict_msg_id(verdict: NodeVerdict, cause: str) -> str:
@@ -197,6 +217,11 @@ class AutopilotService:
             kube=rt.kube,
         )
         self.health_verdicts: Replay[Verdict] | None = None
+        # Node state (nodestate.py): the lost nodes, and the last node-state verdict stored.
+        self.publish_node_state = rt.config.autopilot.publish_node_state
+        self.lost = LostNodes()
+        self.lost_published: NodeVerdict | None = None
+        self.lost_published_seq = 0
 
     # ------------------------------------------------------------------ active or standby
 
@@ -231,6 +256,7 @@ class AutopilotService:
                 for change in node_changes(resource, before, self.state.nodes(resource)):
                     log.info("%s (since the last verdict, on becoming active)", change.describe())
             await self.publish(self.state, resources, f"takeover-{self.last_seq}", utcnow())
+            await self.publish_lost(self.lost, f"takeover-{self.last_seq}", utcnow())
             await self.quarantine.take_over()
             log.info("active: publishing the node verdicts")
 
@@ -240,6 +266,11 @@ class AutopilotService:
         if verdict.resource == QUARANTINE_RESOURCE:
             # Not a resource's sets: node quarantine's own (quarantining.py).
             self.quarantine.on_stored(verdict, delivery)
+            return
+        if verdict.resource == NODE_STATE_RESOURCE:
+            # Not a resource's sets either: the lost nodes (nodestate.py).
+            if delivery.stream_seq > self.lost_published_seq:
+                self.lost_published, self.lost_published_seq = verdict, delivery.stream_seq
             return
         if delivery.stream_seq > self.published_seq.get(verdict.resource, 0):
             self.published[verdict.resource] = verdict
@@ -274,7 +305,58 @@ class AutopilotService:
                 list(verdict.prefer_no_schedule),
             )
 
+    def lost_due(self, lost: LostNodes) -> bool:
+        """Whether ``lost`` differs from the stored node-state verdict (nothing stored: from none)."""
+        stored = self.lost_published.lost_nodes if self.lost_published is not None else ()
+        return stored != lost.listed()
+
+    async def publish_lost(self, lost: LostNodes, cause: str, now: datetime) -> None:
+        """Publish the node-state verdict if it differs from the stored one (active replica only).
+
+        Raises :class:`TransientError` on failure, like :meth:`publish`. With
+        ``autopilot.publishNodeState`` off ``lost`` is always empty, so a set stored by an earlier
+        configuration is cleared rather than left for health to go on reading.
+        """
+        if not self.active() or not self.lost_due(lost):
+            return
+        verdict = node_state_verdict(lost, now)
+        if self.lost_published is not None and as_utc(self.lost_published.decided_at) > as_utc(now):
+            # Consumers drop a verdict older than the one they hold.
+            verdict = verdict.model_copy(update={"decided_at": as_utc(self.lost_published.decided_at)})
+        try:
+            stored = await self.rt.bus.publish(
+                subjects.node_verdict(NODE_STATE_RESOURCE), verdict, msg_id=node_state_msg_id(verdict, cause)
+            )
+        except Exception as exc:
+            raise TransientError(f"publishing the node-state verdict failed: {exc}") from exc
+        PUBLISHED.labels(resource=NODE_STATE_RESOURCE).inc()
+        self.lost_published = verdict
+        self.lost_published_seq = max(self.lost_published_seq, stored.seq)
+        log.info(
+            "lost nodes: %s",
+            ", ".join(f"{e.node} {e.state} since {e.since.isoformat()}" for e in verdict.lost_nodes)
+            or "none",
+        )
+
+    async def expire_lost(self) -> None:
+        """Forget nodes deleted long enough ago; publish if that changed the set (on the tick)."""
+        if not self.caught_up:
+            return
+        lost = expire(self.lost, utcnow())
+        if lost is self.lost:
+            return
+        try:
+            await self.publish_lost(lost, f"expiry-{self.last_seq}", utcnow())
+        except TransientError as exc:  # tried again on the next tick
+            log.warning("%s", exc)
+            return
+        self.lost = lost
+        self.update_gauges()
+
     def update_gauges(self) -> None:
+        states: list[str] = [e.state for e in self.lost.entries.values()]
+        for state in LOST_STATES:
+            LOST_NODES.labels(state=state).set(states.count(state))
         resources = {*self.taints, *self.state.by_resource, *self.published}
         for (resource, effect), count in unhealthy_counts(self.state, resources).items():
             UNHEALTHY.labels(resource=resource, effect=effect).set(count)
@@ -292,6 +374,7 @@ class AutopilotService:
             await asyncio.sleep(QUARANTINE_TICK)
             async with self.lock:
                 await self.quarantine.tick()
+                await self.expire_lost()
 
     async def on_node(self, observation: NodeObservation, delivery: Delivery) -> None:
         async with self.lock:
@@ -301,6 +384,11 @@ class AutopilotService:
             after, changed = (
                 apply(before, observation, self.taints) if self.monitor else (before, frozenset())
             )
+            lost = observe(self.lost, observation) if self.publish_node_state else self.lost
+            if self.caught_up and lost is not self.lost:
+                # As below: published before kept, so a failure redelivers the observation.
+                await self.publish_lost(lost, f"obs-{delivery.stream_seq}", utcnow())
+            self.lost = lost
             if self.caught_up and changed and self.active():
                 # Publish before keeping the new state: if publishing fails the observation is
                 # redelivered, found to change the same sets again, and published with the same id.
@@ -337,6 +425,9 @@ class AutopilotService:
                 for change in node_changes(resource, before, self.state.nodes(resource)):
                     log.info("%s (since the last verdict)", change.describe())
             await self.publish(self.state, resources, f"start-{self.last_seq}", utcnow())
+        # Nodes deleted long ago come back with their tombstones in the replay: forgotten here.
+        self.lost = expire(self.lost, utcnow()) if self.publish_node_state else LostNodes()
+        await self.publish_lost(self.lost, f"start-{self.last_seq}", utcnow())
         await self.quarantine.catch_up()
         self.caught_up = True
         self.update_gauges()
@@ -395,7 +486,9 @@ class AutopilotService:
                     start_time=self.quarantine.replay_from(utcnow()),
                     inactive_threshold=CONSUMER_INACTIVE_THRESHOLD,
                 )
-            if self.monitor or self.quarantine.enabled:
+            if self.monitor or self.quarantine.enabled or self.publish_node_state:
+                if not self.monitor:
+                    log.info("autopilot.monitorNodes is off: not watching node health labels")
                 self.consumer = await self.rt.bus.replay(
                     subjects.OBSERVATIONS_STREAM,
                     self.durable,

@@ -19,8 +19,10 @@ that applies decides):
    (:func:`shared.failures.classify.classify`: the upstream exit-code annotations, the
    workload's patterns, the operator's table) and the attempt gets one class and code
    (:func:`classify_attempt`); ``terminal`` when it is ``Permanent`` (a terminal exit code makes
-   it so). The fault is the application's or the infrastructure's
-   (:func:`shared.failures.blame.attribute`), and ``nodes`` names the nodes blamed.
+   it so). A pod's node state is the one autopilot's node-state verdict gives when the rules
+   run (:func:`services.health.state.node_state_of`). The fault is the application's or the
+   infrastructure's (:func:`shared.failures.blame.attribute`), and ``nodes`` names the nodes
+   blamed.
 5. ``AutopilotNoExecute``: a Running pod uses a resource that Autopilot marks NoExecute on its
    node. Unhealthy at once, ``counts_toward_retry=False``, the nodes listed.
 6. ``RestartStorm`` (Respawn's own): a container of a pod of this attempt restarted at least K
@@ -71,6 +73,7 @@ from services.health.state import (
     ContainerRestarts,
     FailureSettings,
     PodRecord,
+    node_state_of,
     remember_published,
 )
 from services.health.view import AppWrapperView
@@ -82,7 +85,7 @@ from shared.failures.classify import Classification, classify
 from shared.failures.facts import FailureFacts
 from shared.failures.patterns import FailureClass
 from shared.kubetime import as_utc
-from shared.messages import Verdict, VerdictState
+from shared.messages import NodeVerdict, Verdict, VerdictState
 from shared.stalls import parse_heartbeat
 
 __all__ = [
@@ -159,25 +162,36 @@ class AttemptFailure:
         return self.classification.describe(self.pod)
 
 
-def _facts(pod: PodRecord) -> FailureFacts:
-    return (
+def _facts(pod: PodRecord, node_states: NodeVerdict | None, settings: FailureSettings) -> FailureFacts:
+    facts = (
         pod.facts
         if pod.facts is not None
         else FailureFacts(pod=pod.name, node=pod.node_name, failed_at=pod.failed_at)
     )
+    # The node's state is not in the pod's observation: it is autopilot's, as held now.
+    state = node_state_of(node_states, facts.node, facts.failed_at, settings.node_lost_leeway)
+    return dataclasses.replace(facts, node_state=state) if state else facts
 
 
 def classify_attempt(
-    aw: AppWrapperView, failed: Iterable[PodRecord], settings: FailureSettings, pods: int
+    aw: AppWrapperView,
+    failed: Iterable[PodRecord],
+    settings: FailureSettings,
+    pods: int,
+    node_states: NodeVerdict | None = None,
 ) -> AttemptFailure | None:
     """Classify every failed pod of the attempt and combine: Permanent if any pod's is,
     Transient if every pod's is, else Unknown; the code is that of the pod that decides (the
-    first by name of the deciding class). ``pods``: how many pods the attempt has."""
+    first by name of the deciding class). ``pods``: how many pods the attempt has;
+    ``node_states``: autopilot's lost nodes, for each pod's node state."""
     judged = [
         (
             pod,
             classify(
-                _facts(pod), exit_codes=aw.exit_codes, workload=aw.failure_patterns, table=settings.table
+                _facts(pod, node_states, settings),
+                exit_codes=aw.exit_codes,
+                workload=aw.failure_patterns,
+                table=settings.table,
             ),
         )
         for pod in sorted(failed, key=lambda p: p.name)
@@ -337,9 +351,10 @@ def _attempt_pods(aw: AppWrapperView, pods: _Pods) -> int:
 
 
 def _failed_component(
-    aw: AppWrapperView, failed: list[ComponentRecord], pods: _Pods, settings: FailureSettings, now: datetime
+    state: AppWrapperHealth, aw: AppWrapperView, failed: list[ComponentRecord], pods: _Pods, now: datetime
 ) -> Finding:
-    judged = classify_attempt(aw, pods.failed, settings, _attempt_pods(aw, pods))
+    settings = state.failures
+    judged = classify_attempt(aw, pods.failed, settings, _attempt_pods(aw, pods), state.node_states)
     details = _names(
         f"{c.kind}/{c.name}" + (f" ({c.status_message})" if c.status_message else "") for c in failed
     )
@@ -375,11 +390,11 @@ def _failed_component(
     )
 
 
-def _failed_pods(aw: AppWrapperView, pods: _Pods, now: datetime, settings: FailureSettings) -> Finding:
+def _failed_pods(state: AppWrapperHealth, aw: AppWrapperView, pods: _Pods, now: datetime) -> Finding:
     grace = aw.params.ft.failure_grace
     first = min(p.failed_at or p.observed_at for p in pods.failed)
     deadline = first + grace
-    judged = classify_attempt(aw, pods.failed, settings, _attempt_pods(aw, pods))
+    judged = classify_attempt(aw, pods.failed, state.failures, _attempt_pods(aw, pods), state.node_states)
     if judged is None:  # pragma: no cover - only called with failed pods
         return Finding(state="Healthy")
     message = f"{len(pods.failed)} failed pods: {_names(p.name for p in pods.failed)}"
@@ -580,7 +595,7 @@ def assess(state: AppWrapperHealth, aw: AppWrapperView, now: datetime) -> Findin
         return _missing_component(aw, missing)
     failed_components = [c for c in components if c.failed]
     if failed_components:
-        return _failed_component(aw, failed_components, pods, state.failures, now)
+        return _failed_component(state, aw, failed_components, pods, now)
     tolerated = 0
     if aw.completion is not None:
         pods, tolerated, by_policy = _completion(state, aw.completion, pods, aw.attempt_started_at)
@@ -597,7 +612,7 @@ def assess(state: AppWrapperHealth, aw: AppWrapperView, now: datetime) -> Findin
             message=f"{pods.succeeded} pods succeeded and no running, pending, or failed pods",
         )
     if pods.failed:
-        return _failed_pods(aw, pods, now, state.failures)
+        return _failed_pods(state, aw, pods, now)
     no_execute = _no_execute(state, pods)
     if no_execute is not None:
         return no_execute

@@ -114,6 +114,7 @@ class HealthService:
         self.failures = FailureSettings(
             table=rt.config.failures.table(),
             application_fault_window=rt.config.failures.application_fault_window,
+            node_lost_leeway=rt.config.failures.node_lost_leeway,
         )
         self.states: dict[Key, AppWrapperHealth] = {}
         # The partition each held AppWrapper was loaded through (it is let go of with it).

@@ -19,11 +19,12 @@ from datetime import datetime, timedelta
 from services.health.view import AppWrapperView, view_of
 from shared.failures import failure_table
 from shared.failures.blame import DEFAULT_WINDOW
-from shared.failures.facts import ContainerExit, FailureFacts, PodCondition
+from shared.failures.facts import ContainerExit, FailureFacts, NodeState, PodCondition
 from shared.failures.patterns import FailurePattern
 from shared.faulttolerance import FaultTolerance
 from shared.kubetime import as_utc
 from shared.messages import (
+    NODE_STATE_RESOURCE,
     AppWrapperObservation,
     ComponentObservation,
     ContainerState,
@@ -45,6 +46,7 @@ __all__ = [
     "apply",
     "failure_facts",
     "gone",
+    "node_state_of",
     "remember_published",
     "supersedes",
 ]
@@ -136,6 +138,8 @@ class FailureSettings:
     table: tuple[FailurePattern, ...] = field(default_factory=failure_table)
     # Failures of one attempt this close together, all alike, are the application's fault.
     application_fault_window: timedelta = DEFAULT_WINDOW
+    # A node lost no later than this after a pod failed counts as the pod's node state.
+    node_lost_leeway: timedelta = timedelta(minutes=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +162,11 @@ class AppWrapperHealth:
     node_verdicts: Mapping[str, NodeVerdict] = field(default_factory=dict)
     # The last verdict published for this AppWrapper (by this or a previous instance).
     last_verdict: Verdict | None = None
+
+    @property
+    def node_states(self) -> NodeVerdict | None:
+        """Autopilot's lost nodes (the node verdict of respawn.dev/node-state), if any is known."""
+        return self.node_verdicts.get(NODE_STATE_RESOURCE)
 
     def no_execute_nodes(self, resource: str) -> frozenset[str]:
         found = self.node_verdicts.get(resource)
@@ -279,7 +288,8 @@ def failure_facts(obs: PodObservation, failed_at: datetime | None) -> FailureFac
     """The facts a failure of this pod is classified on, from its observation alone.
 
     The node's state and whether someone else deleted the pod are not in a pod observation;
-    they are left unknown (``""``, False), so the table rows that need them do not match.
+    they are left unknown (``""``, False) here. The node's state is filled in when the failure is
+    judged, from autopilot's node-state verdict (:func:`node_state_of`, by the rules).
     """
     # Init containers first, as FailureFacts expects (first_failed prefers a non-init one).
     ordered = sorted(obs.containers, key=lambda c: not c.init)
@@ -296,6 +306,27 @@ def failure_facts(obs: PodObservation, failed_at: datetime | None) -> FailureFac
         ),
         failed_at=failed_at,
     )
+
+
+def node_state_of(
+    lost: NodeVerdict | None, node: str, failed_at: datetime | None, leeway: timedelta
+) -> NodeState:
+    """The state of a failed pod's node, from autopilot's node-state verdict (docs/failures.md#node-state).
+
+    ``""`` when it is not known: no verdict held (autopilot does not publish one), or the pod has
+    no node. A node the verdict lists counts only if it was lost no later than ``leeway`` after
+    the pod failed: a pod that failed well before its node became NotReady (a kubelet that is
+    merely late with its status, say) failed by itself, and its node was ``Ready`` then. A node
+    not listed is ``Ready``. The verdict is the one held when the failure is judged.
+    """
+    if lost is None or not node:
+        return ""
+    entry = next((e for e in lost.lost_nodes if e.node == node), None)
+    if entry is None:
+        return "Ready"
+    if failed_at is not None and as_utc(entry.since) > as_utc(failed_at) + leeway:
+        return "Ready"
+    return entry.state
 
 
 def _apply_pod(state: AppWrapperHealth, obs: PodObservation) -> AppWrapperHealth:
@@ -411,6 +442,11 @@ def affected_by(state: AppWrapperHealth, previous: NodeVerdict | None, current: 
     entered or left the NoExecute set: judging every tracked AppWrapper again on every node
     label change would cost O(AppWrappers) evaluations for what usually concerns a handful.
     """
+    if current.resource == NODE_STATE_RESOURCE:
+        # A node lost or back: the class of a failure on it may change (node_state_of).
+        moved = set(current.lost_nodes).symmetric_difference(previous.lost_nodes if previous else ())
+        lost = {e.node for e in moved}
+        return any(pod.facts is not None and pod.node_name in lost for pod in state.pods.values())
     changed = set(current.no_execute).symmetric_difference(previous.no_execute if previous else ())
     if not changed:
         return False

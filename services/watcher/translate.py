@@ -312,9 +312,10 @@ def node_observation(obj: dict[str, Any], *, deleted: bool, now: datetime) -> No
     meta = mapping_at(obj, "metadata")
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-    )
+    conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+    ready_condition = next((c for c in conditions if c.get("type") == "Ready"), None)
+    ready_status = str(ready_condition.get("status") or "") if ready_condition is not None else ""
+    ready = ready_status == "True"
     taints = tuple(
         {k: str(t.get(k, "")) for k in ("key", "value", "effect")} for t in spec.get("taints") or []
     )
@@ -327,6 +328,12 @@ def node_observation(obj: dict[str, Any], *, deleted: bool, now: datetime) -> No
         taints=taints,
         unschedulable=bool(spec.get("unschedulable")),
         ready=ready,
+        ready_status=ready_status,
+        ready_since=(
+            parse_kube_time(ready_condition.get("lastTransitionTime"))
+            if ready_condition is not None
+            else None
+        ),
     )
 
 

@@ -31,7 +31,8 @@ from services.autopilot.service import AutopilotService, sets_of
 from shared import subjects
 from shared.bus import MSG_ID_HEADER, Bus
 from shared.config import AutopilotConfig, NodeQuarantineConfig, OperatorConfig, ResourceTaint
-from shared.messages import NodeObservation, NodeVerdict, decode
+from shared.kubetime import utcnow
+from shared.messages import NODE_STATE_RESOURCE, NodeObservation, NodeVerdict, decode
 from shared.runtime import Runtime
 from tests.autopilot_taints import GPU, HEALTH, NOW, RDMA, TAINTS
 from tests.nats_fixtures import connected_bus
@@ -62,10 +63,16 @@ async def autopilot(
     *,
     monitor: bool = True,
     quarantine: bool = True,
+    node_state: bool = False,
 ) -> AsyncIterator[AutopilotService]:
-    """One autopilot replica running on ``bus``; stopped (its consumer deleted) on leaving."""
+    """One autopilot replica running on ``bus``; stopped (its consumer deleted) on leaving.
+
+    The node-state verdict is off unless asked for: the tests that count the verdicts on the wire
+    are about the resources' sets, which a deleted node would otherwise interleave with it."""
     config = OperatorConfig(
-        autopilot=AutopilotConfig(resource_taints=dict(taints), monitor_nodes=monitor),
+        autopilot=AutopilotConfig(
+            resource_taints=dict(taints), monitor_nodes=monitor, publish_node_state=node_state
+        ),
         node_quarantine=NodeQuarantineConfig(enabled=quarantine),
     )
     svc = AutopilotService(Runtime(name="autopilot", config=config, bus=bus, kube=None, probes=None))
@@ -173,7 +180,8 @@ async def test_after_the_replay_only_changes_publish_and_heartbeats_do_not(own_b
         assert sent[-1][0].startswith(f"nodeverdict:{GPU}:obs-{evicted}:")
         # The same again: nothing; the node deleted: its sets are cleared.
         await observe(own_bus, node("n1", "EVICT"))
-        gone = await observe(own_bus, node("n1", deleted=True))
+        # Deleted now (a tombstone dated NOW would be past the hour a deleted node is kept).
+        gone = await observe(own_bus, NodeObservation(name="n1", observed_at=utcnow(), deleted=True))
         await handled(svc, gone)
         sent = await tap.sent()
     assert len(sent) == 3
@@ -275,7 +283,8 @@ async def test_monitor_off_clears_stored_sets_without_reading_nodes(own_bus: Bus
     async with autopilot(own_bus) as first:
         await caught_up(first)
     assert (await stored(own_bus))[1].no_execute == ("n1",)
-    # Node quarantine reads the nodes too (its cap is a share of them): off as well here.
+    # Node quarantine reads the nodes too (its cap is a share of them), and so does the node
+    # state (off in this helper): off as well here.
     async with autopilot(own_bus, monitor=False, quarantine=False) as off:
         await caught_up(off)
         assert off.consumer is None
@@ -338,3 +347,38 @@ async def test_published_sets_always_match_the_latest_state_of_every_node(
             await handled(second, await feed(after))
         _, verdict = await stored(bus)
     assert sets_of(verdict) == rebuild(latest.values(), TAINTS).nodes(GPU)
+
+
+# ------------------------------------------------------------------ node state
+
+
+async def test_lost_nodes_are_published_on_change_and_not_again_after_a_restart(own_bus: Bus) -> None:
+    """The node-state verdict (docs/autopilot.md#node-state): the complete list of lost nodes,
+    published when it changes, and rebuilt from the stream by a restarted replica."""
+    down = NodeObservation(name="n2", observed_at=NOW, ready=False, ready_status="Unknown", ready_since=NOW)
+    await observe(own_bus, node("n1"), down)
+    async with wire(own_bus) as tap, autopilot(own_bus, node_state=True) as svc:
+        await caught_up(svc)
+        [(msg_id, verdict)] = [(i, v) for i, v in await tap.sent() if v.resource == NODE_STATE_RESOURCE]
+        assert [(e.node, e.state, e.since) for e in verdict.lost_nodes] == [("n2", "Unknown", NOW)]
+        assert msg_id.startswith("nodestate:start-")
+        # A heartbeat of the same state: nothing; n1 deleted: listed, dated by its tombstone.
+        await observe(own_bus, down)
+        # Deleted now (a tombstone dated NOW would be past the hour a deleted node is kept).
+        gone = await observe(own_bus, NodeObservation(name="n1", observed_at=utcnow(), deleted=True))
+        await handled(svc, gone)
+        published = [v for _, v in await tap.sent() if v.resource == NODE_STATE_RESOURCE]
+        assert [[(e.node, e.state) for e in v.lost_nodes] for v in published] == [
+            [("n2", "Unknown")],
+            [("n1", "Deleted"), ("n2", "Unknown")],
+        ]
+    # Same world: the restarted replica rebuilds the same list (the tombstone is n1's last
+    # message) and publishes nothing.
+    async with wire(own_bus) as tap, autopilot(own_bus, node_state=True) as again:
+        await caught_up(again)
+        assert [v for _, v in await tap.sent() if v.resource == NODE_STATE_RESOURCE] == []
+        assert again.lost.listed() == published[-1].lost_nodes
+    # Turned off: the stored list is cleared, so health stops reading a stale one.
+    async with autopilot(own_bus, node_state=False) as off:
+        await caught_up(off)
+    assert (await stored(own_bus, NODE_STATE_RESOURCE))[1].lost_nodes == ()

@@ -256,7 +256,7 @@ def test_every_leaf_key_has_an_environment_variable() -> None:
     assert names["RESPAWN_HEALTH_RESTART_STORM_WINDOW"] == "health.restartStormWindow"
     assert names["RESPAWN_HEALTH_CRASH_LOOP_BACK_OFF"] == "health.crashLoopBackOff"
     assert names["RESPAWN_NODE_QUARANTINE_MAX_SHARE"] == "nodeQuarantine.maxShare"
-    assert len([n for n in names if not n.startswith("RESPAWN_NATS_")]) == 47
+    assert len([n for n in names if not n.startswith("RESPAWN_NATS_")]) == 49
     assert len([n for n in names if n.startswith("RESPAWN_NATS_")]) == 27
     assert len(set(names.values())) == len(names)
 

@@ -23,6 +23,7 @@ MODELS = [
     messages.ObjectRef,
     messages.PodConditionState,
     messages.QuarantinedNode,
+    messages.LostNode,
 ]
 
 
