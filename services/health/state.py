@@ -94,8 +94,6 @@ class PodRecord:
     node_name: str
     deletion_requested: bool
     resources: frozenset[str]
-    # Non-zero exit codes of terminated (non-init) containers, for the exit-code policy.
-    exit_codes: tuple[int, ...]
     # When the pod failed (phase Failed): the latest container finishedAt, or else the
     # observation time of the first Failed observation of this pod.
     failed_at: datetime | None
@@ -350,11 +348,6 @@ def _apply_pod(state: AppWrapperHealth, obs: PodObservation) -> AppWrapperHealth
         node_name=obs.node_name,
         deletion_requested=obs.deletion_requested,
         resources=frozenset(obs.resources),
-        exit_codes=tuple(
-            c.exit_code
-            for c in obs.containers
-            if not c.init and c.state == "terminated" and c.exit_code is not None and c.exit_code != 0
-        ),
         failed_at=failed_at,
         pod_set=obs.pod_set,
         restarts=_restarts(obs, previous, _stall_policy(state)),

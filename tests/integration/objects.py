@@ -88,3 +88,19 @@ def events_of(kubeconfig: Path, namespace: str, name: str) -> list[dict[str, Any
         kubeconfig, "events", "-n", namespace, "--field-selector", selector
     )["items"]
     return items
+
+
+def on_nodes(aw: dict[str, Any], nodes: tuple[str, ...]) -> dict[str, Any]:
+    """``aw`` with its pods allowed only on ``nodes`` (one term per node: the terms are ORed)."""
+    template = aw["spec"]["components"][0]["template"]["spec"]["template"]
+    template["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}
+                    for n in nodes
+                ]
+            }
+        }
+    }
+    return aw

@@ -28,7 +28,7 @@ from shared import subjects
 from shared.appwrapper.model import read_appwrapper
 from shared.messages import NODE_STATE_RESOURCE, NodeVerdict, Verdict
 from tests.integration.conftest import ServiceFactory
-from tests.integration.objects import FAST_RESET, apply, get_appwrapper, running_pods
+from tests.integration.objects import FAST_RESET, apply, get_appwrapper, on_nodes, running_pods
 from tests.integration.observe import Observer
 from tests.waiting import until
 
@@ -37,22 +37,6 @@ pytestmark = pytest.mark.testbed
 # Index 9: far past the session's nodes (kwok-node-0..3).
 LOST = "kwok-node-9"
 KEPT = "kwok-node-0"
-
-
-def on_nodes(aw: dict[str, Any], nodes: tuple[str, ...]) -> dict[str, Any]:
-    """``aw`` with its pods allowed only on ``nodes`` (one term per node: the terms are ORed)."""
-    template = aw["spec"]["components"][0]["template"]["spec"]["template"]
-    template["spec"]["affinity"] = {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}
-                    for n in nodes
-                ]
-            }
-        }
-    }
-    return aw
 
 
 def status(aw: dict[str, Any] | None) -> dict[str, Any]:

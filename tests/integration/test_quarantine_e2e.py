@@ -28,7 +28,7 @@ from shared.messages import QUARANTINE_RESOURCE, NodeVerdict, ObjectRef, Verdict
 from tests.integration.cli import respawn
 from tests.integration.conftest import ServiceFactory
 from tests.integration.healthfeed import metric
-from tests.integration.objects import FAST_RESET, apply, get_appwrapper, running_pods, wait_phase
+from tests.integration.objects import FAST_RESET, apply, get_appwrapper, on_nodes, running_pods, wait_phase
 from tests.integration.observe import Observer
 from tests.nats_fixtures import connected_bus
 from tests.waiting import until
@@ -46,22 +46,6 @@ QUARANTINE = {
     # 4 nodes: one place.
     "RESPAWN_NODE_QUARANTINE_MAX_SHARE": "0.25",
 }
-
-
-def on_nodes(aw: dict[str, Any], nodes: tuple[str, ...]) -> dict[str, Any]:
-    """``aw`` with its pods allowed only on ``nodes`` (one term per node: the terms are ORed)."""
-    template = aw["spec"]["components"][0]["template"]["spec"]["template"]
-    template["spec"]["affinity"] = {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}
-                    for n in nodes
-                ]
-            }
-        }
-    }
-    return aw
 
 
 async def all_running(kc: Path, namespace: str, name: str, count: int) -> list[dict[str, Any]]:
