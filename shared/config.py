@@ -595,7 +595,9 @@ class OperatorConfig(_Section):
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     # None: in-cluster service account, else $KUBECONFIG / ~/.kube/config.
     kubeconfig: Annotated[Path | None, BeforeValidator(_empty_is_none)] = None
-    metrics_port: int = Field(default=8081, ge=0, le=65535)
+    # Where /metrics is served (docs/metrics.md): unset, on the probe port (RESPAWN_PROBE_PORT)
+    # beside /healthz and /readyz; another port, there alone; 0, nowhere.
+    metrics_port: Annotated[Annotated[int, Field(ge=0, le=65535)] | None, BeforeValidator(_empty_is_none)] = None
 
     def to_fault_tolerance(self) -> FaultTolerance:
         return self.fault_tolerance.to_fault_tolerance()

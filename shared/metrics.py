@@ -12,8 +12,10 @@ units, and only low-cardinality labels (service, stream, reason) — never a wor
 
 from __future__ import annotations
 
+import platform
 import threading
 from collections.abc import Sequence
+from importlib import metadata
 from typing import TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -29,11 +31,16 @@ __all__ = [
     "BUS_MESSAGES_NAKED",
     "BUS_MESSAGES_PUBLISHED",
     "BUS_MESSAGES_TERMINATED",
+    "BUILD_INFO",
+    "CONSUMER_ACK_PENDING",
+    "CONSUMER_PENDING",
     "CONTENT_TYPE",
+    "LATENCY_BUCKETS",
     "counter",
     "gauge",
     "histogram",
     "render",
+    "set_build_info",
 ]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -136,3 +143,60 @@ BUS_HANDLER_SECONDS = histogram(
     _BUS,
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
+
+# The lag of the durable consumers this process reads from, refreshed every
+# CONSUMER_LAG_PERIOD seconds by the bus (shared.bus.Bus.watch_lag) from the server's
+# consumer info; a consumer this process stopped has no series.
+_CONSUMER = ("service", "stream", "consumer")
+CONSUMER_PENDING = gauge(
+    "respawn_bus_consumer_pending",
+    "Messages of the stream that match a durable consumer of this process and were not delivered yet",
+    _CONSUMER,
+)
+CONSUMER_ACK_PENDING = gauge(
+    "respawn_bus_consumer_ack_pending",
+    "Messages delivered to a durable consumer of this process and not acknowledged yet",
+    _CONSUMER,
+)
+
+# ------------------------------------------------------------------ latencies
+
+# For the incident latencies (failure to verdict, verdict to delete, failure to running again):
+# from a few milliseconds (a verdict on an observation) to half an hour (a reset that waits for
+# a failure grace period, a retry pause and a stuck pod's deletion).
+LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+)
+
+# ------------------------------------------------------------------ build
+
+BUILD_INFO = gauge(
+    "respawn_build_info",
+    "Always 1: the service, Respawn's version and the Python version the process runs",
+    ("service", "version", "python"),
+)
+
+
+def set_build_info(service: str) -> None:
+    """Set ``respawn_build_info`` for this process (one series)."""
+    try:
+        version = metadata.version("respawn")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        version = "unknown"
+    BUILD_INFO.labels(service=service, version=version, python=platform.python_version()).set(1)

@@ -5,7 +5,8 @@
 - ``/readyz`` answers 200 only when every registered readiness check passes (for example
   "NATS connected and consumers running", "watch cache synced"), else 503 listing the
   failing ones, in the style of the Kubernetes API server's verbose probe output.
-- ``/metrics`` serves the process's Prometheus registry (see shared.metrics).
+- ``/metrics`` serves the process's Prometheus registry (see shared.metrics), on the probe port
+  unless the configuration's ``metricsPort`` gives it a port of its own (:func:`start_metrics`).
 
 aiohttp is used because it is already a dependency (kubernetes-asyncio) and
 prometheus-client ships a handler for it.
@@ -55,17 +56,25 @@ class ProbeServer:
         host: str = "0.0.0.0",
         checks: Mapping[str, ReadinessCheck] | None = None,
         registry: CollectorRegistry = REGISTRY,
+        probes: bool = True,
+        metrics: bool = True,
     ) -> None:
         self._host = host
         self._requested_port = port
         self._checks: dict[str, ReadinessCheck] = dict(checks or {})
         self._runner: web.AppRunner | None = None
         self._port = 0
+        self._paths = [
+            *(("/healthz", "/readyz") if probes else ()),
+            *(("/metrics",) if metrics else ()),
+        ]
         app = web.Application()
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/livez", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        app.router.add_get("/metrics", make_aiohttp_handler(registry))
+        if probes:
+            app.router.add_get("/healthz", self._healthz)
+            app.router.add_get("/livez", self._healthz)
+            app.router.add_get("/readyz", self._readyz)
+        if metrics:
+            app.router.add_get("/metrics", make_aiohttp_handler(registry))
         self._app = app
 
     @property
@@ -98,7 +107,7 @@ class ProbeServer:
         server = site._server
         sockets = getattr(server, "sockets", None) or ()
         self._port = int(sockets[0].getsockname()[1]) if sockets else self._requested_port
-        log.info("probes listening on %s:%d (/healthz /readyz /metrics)", self._host, self._port)
+        log.info("listening on %s:%d (%s)", self._host, self._port, " ".join(self._paths))
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
@@ -125,11 +134,32 @@ async def start_probes(
     *,
     host: str = "0.0.0.0",
     registry: CollectorRegistry = REGISTRY,
+    metrics: bool = True,
 ) -> ProbeServer | None:
-    """Start the probe endpoint on ``port``; ``0`` means disabled and returns None."""
+    """Start the probe endpoint on ``port``, with ``/metrics`` unless ``metrics`` is false;
+    ``0`` means disabled and returns None."""
     if port == 0:
         log.info("probe endpoint disabled (%s=0)", PROBE_PORT_ENV)
         return None
-    server = ProbeServer(port=port, host=host, checks=checks, registry=registry)
+    server = ProbeServer(port=port, host=host, checks=checks, registry=registry, metrics=metrics)
+    await server.start()
+    return server
+
+
+def metrics_on_probe_port(metrics_port: int | None, probe: int) -> bool:
+    """Whether ``/metrics`` is served by the probe endpoint: when ``metricsPort`` is not set, or
+    names the probe port itself."""
+    return metrics_port is None or metrics_port == probe
+
+
+async def start_metrics(
+    port: int, *, host: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY
+) -> ProbeServer | None:
+    """Start an endpoint that serves only ``/metrics`` on ``port``; ``0`` means disabled and
+    returns None."""
+    if port == 0:
+        log.info("metrics endpoint disabled (metricsPort 0)")
+        return None
+    server = ProbeServer(port=port, host=host, registry=registry, probes=False)
     await server.start()
     return server

@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 from shared.bus import Bus, BusError
 from shared.kube import Kube
-from shared.probes import ProbeServer, ReadinessCheck, probe_port, start_probes
+from shared import metrics
+from shared.probes import (
+    ProbeServer,
+    ReadinessCheck,
+    metrics_on_probe_port,
+    probe_port,
+    start_metrics,
+    start_probes,
+)
 from shared.telemetry import setup_telemetry
 
 if TYPE_CHECKING:
@@ -86,13 +94,22 @@ async def run(name: str, main: Main, *, needs_kube: bool | Callable[[OperatorCon
         return 3
     # A service may need Kubernetes only for some configurations (autopilot's node marks).
     kube = await Kube.connect() if (needs_kube(config) if callable(needs_kube) else needs_kube) else None
+    metrics.set_build_info(name)
+    bus.watch_lag()
+    host = "127.0.0.1" if os.environ.get("RESPAWN_PROBE_LOOPBACK") else "0.0.0.0"
+    probe = probe_port()
+    shared_port = metrics_on_probe_port(config.metrics_port, probe)
     probes = await start_probes(
-        probe_port(),
+        probe,
         # Connected, and every consumer bound (a lost stream or consumer shows here until the
         # bus has re-created it: Bus.problems() says why).
         {"nats": bus.ready},
-        host="127.0.0.1" if os.environ.get("RESPAWN_PROBE_LOOPBACK") else "0.0.0.0",
+        host=host,
+        metrics=shared_port,
     )
+    # A port of its own (metricsPort) keeps scrapes and probes apart, e.g. for a NetworkPolicy
+    # that lets the monitoring namespace reach /metrics only.
+    exporter = None if shared_port else await start_metrics(config.metrics_port or 0, host=host)
     rt = Runtime(name=name, config=config, bus=bus, kube=kube, probes=probes)
 
     loop = asyncio.get_running_loop()
@@ -114,6 +131,8 @@ async def run(name: str, main: Main, *, needs_kube: bool | Callable[[OperatorCon
                 await task
         if probes is not None:
             await probes.stop()
+        if exporter is not None:
+            await exporter.stop()
         await bus.close()
         if kube is not None:
             await kube.close()

@@ -36,6 +36,7 @@ from datetime import datetime
 from opentelemetry import trace
 from opentelemetry.context import Context
 
+from services.health.latency import detection
 from services.health.rules import evaluate
 from services.health.state import (
     AppWrapperHealth,
@@ -80,6 +81,20 @@ OBSERVATIONS = metrics.counter(
 EVAL_SECONDS = metrics.histogram(
     "respawn_health_evaluation_round_seconds",
     "Time to evaluate every AppWrapper touched since the last round",
+)
+DETECTION_SECONDS = metrics.histogram(
+    "respawn_health_detection_seconds",
+    "From a failure (a failed container's finishedAt, a failing condition's start) to the first "
+    "Unhealthy verdict of the attempt, grace period included, by reason",
+    ["reason"],
+    buckets=metrics.LATENCY_BUCKETS,
+)
+DETECTION_DELAY_SECONDS = metrics.histogram(
+    "respawn_health_detection_delay_seconds",
+    "From the moment a failure was due for an Unhealthy verdict (its grace period over) to the "
+    "verdict, by reason",
+    ["reason"],
+    buckets=metrics.LATENCY_BUCKETS,
 )
 
 Key = tuple[str, str]
@@ -178,6 +193,7 @@ class HealthService:
         decision = evaluate(state, now)
         v = decision.verdict
         if v is not None:
+            detected = detection(state.last_verdict, v)
             # Publish in the trace of the observation that changed this AppWrapper last (e.g. the
             # pod that failed), so the incident is one trace from the watcher to the reset.
             with tracer.start_as_current_span(
@@ -191,6 +207,9 @@ class HealthService:
             ):
                 await self.rt.bus.publish(subjects.verdict(key[0], key[1]), v, msg_id=decision.msg_id)
             VERDICTS.labels(state=v.state, reason=v.reason or "-", failure_class=v.failure_class or "-").inc()
+            if detected is not None:
+                DETECTION_SECONDS.labels(reason=v.reason or "-").observe(detected.seconds)
+                DETECTION_DELAY_SECONDS.labels(reason=v.reason or "-").observe(detected.delay_seconds)
             log.info(
                 "verdict %s/%s %s %s%s",
                 key[0],

@@ -43,6 +43,7 @@ from services.lifecycle.actions import (
     PublishLifecycleEvent,
 )
 from services.lifecycle.announcements import event_name
+from services.lifecycle.latencies import ResetTimes
 from services.lifecycle.machine import FinalizerChange, Plan
 from services.lifecycle.observed import Observed, ObservedComponent, controller_uid
 from services.lifecycle.placement.exclusion import excluded_nodes_patch
@@ -73,6 +74,17 @@ UNHEALTHY_TO_RESET = metrics.histogram(
     "respawn_lifecycle_unhealthy_to_reset_seconds",
     "From the first unhealthy observation to the reset's status write",
 )
+REACTION_SECONDS = metrics.histogram(
+    "respawn_lifecycle_reaction_seconds",
+    "From an Unhealthy verdict (its decided_at) to the first delete of the reset it started",
+    buckets=metrics.LATENCY_BUCKETS,
+)
+RECOVERY_SECONDS = metrics.histogram(
+    "respawn_lifecycle_recovery_seconds",
+    "From a failure (the verdict's first_unhealthy_at) to the AppWrapper's phase Running again "
+    "after the reset (or resets) it caused",
+    buckets=metrics.LATENCY_BUCKETS,
+)
 REFUSED_DELETES = metrics.counter(
     "respawn_lifecycle_deletes_refused",
     "Component deletes not made: no object confirmed to be the AppWrapper's (no uid to guard them)",
@@ -84,6 +96,13 @@ ANNOUNCEMENTS = metrics.counter(
 )
 
 _DELETES = (DeleteComponent, DeletePods)
+
+
+def _starts_reset(plan: Plan) -> bool:
+    return any(
+        isinstance(a, PublishLifecycleEvent) and a.event.event == LifecycleEventType.RESET_STARTED
+        for a in plan.actions
+    )
 
 
 class KubeWrites(Protocol):
@@ -177,6 +196,7 @@ class Executor:
         self.pods = pods
         self.server_clock = clock if clock is not None else ServerClock()
         self.clock = self.server_clock.now
+        self.resets = ResetTimes()
 
     async def carry_out(
         self,
@@ -193,6 +213,7 @@ class Executor:
         ``verdict`` is the one the plan applied (for the unhealthy-to-reset metric).
         """
         meta = aw["metadata"]
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
         resource_version = plan.resource_version or meta.get("resourceVersion", "")
         if plan.finalizer is FinalizerChange.ADD and FINALIZER not in (meta.get("finalizers") or []):
             # A merge patch, not a PUT of the whole object: the spec is the user's and may be
@@ -233,6 +254,11 @@ class Executor:
                     (time.perf_counter() - t_write) * 1000,
                 )
             self.record_transition(plan, verdict)
+            if verdict is not None and verdict.state == "Unhealthy" and _starts_reset(plan):
+                self.resets.started(key, verdict)
+            recovery = self.resets.phase(key, plan.phase, self.clock())
+            if recovery is not None:
+                RECOVERY_SECONDS.observe(recovery)
         carried = Carried(aw=aw)
         outcomes = carried.outcomes
         # Deletes first (in their planned order: pods before components when forceful): they are
@@ -240,6 +266,9 @@ class Executor:
         for delete in [a for a in plan.actions if isinstance(a, _DELETES)]:
             t_delete = time.perf_counter()
             await self.act(aw, delete, observed)
+            reaction = self.resets.deleted(key, self.clock())
+            if reaction is not None:
+                REACTION_SECONDS.observe(reaction)
             log.debug(
                 "%s/%s %s in %.0f ms",
                 meta.get("namespace"),

@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 
 # How long deleting a consumer may take; past it the server's inactivity timeout removes it.
 _DELETE_TIMEOUT = 2.0
+# How often the consumer lag gauges are refreshed (docs/metrics.md), and how long one consumer's
+# info may take: a server that does not answer leaves the last value in place.
+CONSUMER_LAG_PERIOD = 10.0
+_LAG_TIMEOUT = 2.0
 
 
 class Bus:
@@ -76,6 +80,8 @@ class Bus:
         # The streams this bus sets up (and creates again should the server lose them), by name:
         # Respawn's own with the configured limits, and any other this bus was asked to ensure.
         self._streams: dict[str, StreamSpec] = {s.name: s for s in default_streams(self._stream_limits)}
+        self._lag_task: asyncio.Task[None] | None = None
+        self._lag_series: set[tuple[str, str, str]] = set()
 
     @classmethod
     async def connect(
@@ -201,9 +207,61 @@ class Bus:
                 found.append(f"consumer {consumer.stream}/{consumer.durable}: {redact(problem)}")
         return found
 
+    # -------------------------------------------------------------- consumer lag
+
+    def watch_lag(self, period: float = CONSUMER_LAG_PERIOD) -> None:
+        """Refresh ``respawn_bus_consumer_pending`` and ``respawn_bus_consumer_ack_pending`` for
+        every consumer of this bus every ``period`` seconds, until :meth:`close`."""
+        if self._lag_task is None or self._lag_task.done():
+            self._lag_task = asyncio.create_task(self._watch_lag(period), name=f"{self.service}-lag")
+
+    async def _watch_lag(self, period: float) -> None:
+        while True:
+            try:
+                await self.refresh_lag()
+            except Exception:  # a bug here must not stop the refresh for good
+                log.exception("refreshing the consumer lag failed")
+            await asyncio.sleep(period)
+
+    async def refresh_lag(self) -> None:
+        """Ask the server how far behind each consumer of this bus is, and set the gauges.
+
+        A consumer whose info cannot be read now (disconnected, server busy) keeps its last
+        value; the series of a consumer this bus no longer runs is removed, so a replay or a
+        partition let go of leaves no stale lag behind.
+        """
+        current: set[tuple[str, str, str]] = set()
+        for consumer in list(self._consumers):
+            labels = (self.service, consumer.stream, consumer.durable)
+            current.add(labels)
+            if not self.connected:
+                continue
+            try:
+                pending, ack_pending = await asyncio.wait_for(consumer.pending(), _LAG_TIMEOUT)
+            except Exception as exc:
+                log.debug("consumer info of %s/%s: %s", consumer.stream, consumer.durable, redact(str(exc)))
+                continue
+            metrics.CONSUMER_PENDING.labels(*labels).set(pending)
+            metrics.CONSUMER_ACK_PENDING.labels(*labels).set(ack_pending)
+        for labels in self._lag_series - current:
+            for gauge in (metrics.CONSUMER_PENDING, metrics.CONSUMER_ACK_PENDING):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*labels)
+        self._lag_series = current
+
     async def close(self) -> None:
         """Stop every replay (deleting its consumer) and consumer, flush, and close the
         connection. Safe to call twice."""
+        lag, self._lag_task = self._lag_task, None
+        if lag is not None:
+            lag.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lag
+        for labels in self._lag_series:
+            for gauge in (metrics.CONSUMER_PENDING, metrics.CONSUMER_ACK_PENDING):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*labels)
+        self._lag_series = set()
         for replay in list(self._replays):
             await replay.stop()
         for consumer in list(self._consumers):

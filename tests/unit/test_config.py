@@ -64,7 +64,7 @@ def test_other_defaults() -> None:
     assert config.default_queue_name == ""
     assert (config.nats.url, config.nats.stream_replicas) == ("nats://localhost:4222", 1)
     assert config.kubeconfig is None
-    assert config.metrics_port == 8081
+    assert config.metrics_port is None  # /metrics on the probe port
     assert (config.lifecycle.workers, config.lifecycle.verdict_concurrency) == (8, 32)
     assert config.lifecycle.resync_period == timedelta(seconds=30)
     assert config.watcher.discard_check_period == timedelta(seconds=10)
