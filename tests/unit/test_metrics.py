@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -10,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared import metrics
-from shared.probes import ProbeServer, probe_port, start_probes
+from shared.probes import ProbeServer, metrics_on_probe_port, probe_port, start_metrics, start_probes
 
 
 def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -153,3 +155,53 @@ async def test_metrics_endpoint_serves_the_registry(probes: ProbeServer) -> None
     assert (
         got[("respawn_bus_messages_published_total", (("kind", "verdict"), ("service", "probe-test")))] == 1
     )
+
+
+# ------------------------------------------------------------------ metricsPort
+
+
+def test_metrics_share_the_probe_port_unless_metrics_port_names_another() -> None:
+    assert metrics_on_probe_port(None, 8081)
+    assert metrics_on_probe_port(8081, 8081)
+    assert not metrics_on_probe_port(9090, 8081)
+    assert not metrics_on_probe_port(0, 8081)  # no /metrics anywhere
+
+
+async def test_a_metrics_port_of_its_own_serves_metrics_and_no_probes() -> None:
+    exporter = await start_metrics(_free_port(), host="127.0.0.1")
+    assert exporter is not None
+    try:
+        status, body = await get(exporter, "/metrics")
+        assert status == 200 and "respawn_bus_messages_published_total" in body
+        assert (await get(exporter, "/healthz"))[0] == 404
+        assert (await get(exporter, "/readyz"))[0] == 404
+    finally:
+        await exporter.stop()
+    assert await start_metrics(0) is None  # metricsPort 0: not served
+
+
+async def test_the_probe_port_without_metrics_serves_only_the_probes() -> None:
+    server = await start_probes(_free_port(), {"ok": lambda: True}, host="127.0.0.1", metrics=False)
+    assert server is not None
+    try:
+        assert (await get(server, "/metrics"))[0] == 404
+        assert (await get(server, "/healthz"))[0] == 200
+        assert (await get(server, "/readyz"))[0] == 200
+    finally:
+        await server.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_build_info_names_the_service_version_and_python() -> None:
+    metrics.set_build_info("unit")
+    got = samples(metrics.render())
+    series = [labels for (name, labels), value in got.items() if name == "respawn_build_info" and value == 1]
+    mine = [dict(labels) for labels in series if dict(labels)["service"] == "unit"]
+    assert len(mine) == 1
+    assert mine[0]["python"] == platform.python_version()
+    assert mine[0]["version"] not in ("", "unknown")  # the installed package's version
