@@ -439,6 +439,7 @@ class NatsStreamsConfig(_Section):
 
 
 OptionalPath = Annotated[Path | None, BeforeValidator(_empty_is_none)]
+Port = Annotated[int, Field(ge=0, le=65535)]
 
 
 class NatsTlsConfig(_Section):
@@ -597,7 +598,7 @@ class OperatorConfig(_Section):
     kubeconfig: Annotated[Path | None, BeforeValidator(_empty_is_none)] = None
     # Where /metrics is served (docs/metrics.md): unset, on the probe port (RESPAWN_PROBE_PORT)
     # beside /healthz and /readyz; another port, there alone; 0, nowhere.
-    metrics_port: Annotated[Annotated[int, Field(ge=0, le=65535)] | None, BeforeValidator(_empty_is_none)] = None
+    metrics_port: Annotated[Port | None, BeforeValidator(_empty_is_none)] = None
 
     def to_fault_tolerance(self) -> FaultTolerance:
         return self.fault_tolerance.to_fault_tolerance()

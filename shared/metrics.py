@@ -23,6 +23,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics import MetricWrapperBase, disable_created_metrics
 
 __all__ = [
+    "BUILD_INFO",
     "BUS_DEAD_LETTERED",
     "BUS_HANDLER_ERRORS",
     "BUS_HANDLER_SECONDS",
@@ -31,7 +32,6 @@ __all__ = [
     "BUS_MESSAGES_NAKED",
     "BUS_MESSAGES_PUBLISHED",
     "BUS_MESSAGES_TERMINATED",
-    "BUILD_INFO",
     "CONSUMER_ACK_PENDING",
     "CONSUMER_PENDING",
     "CONTENT_TYPE",

@@ -17,9 +17,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from shared import metrics
 from shared.bus import Bus, BusError
 from shared.kube import Kube
-from shared import metrics
 from shared.probes import (
     ProbeServer,
     ReadinessCheck,

@@ -43,7 +43,8 @@ def unhealthy(
 def test_detection_of_a_failed_pod_spans_the_grace_period_and_the_delay_what_follows_it() -> None:
     # The container finished at T0 + 10 s, the grace period is 1 min, the verdict came 0.5 s late.
     finished = T0 + 10 * SEC
-    v = verdict_of([aw_obs(), *running("p0"), failed_pod("p1", finished_at=finished)], finished + MIN + SEC / 2)
+    observations = [aw_obs(), *running("p0"), failed_pod("p1", finished_at=finished)]
+    v = verdict_of(observations, finished + MIN + SEC / 2)
     assert v.state == "Unhealthy"
     d = detection(None, v)
     assert d is not None
@@ -62,7 +63,8 @@ def test_only_the_first_unhealthy_verdict_of_an_attempt_counts() -> None:
     healthy = first.model_copy(update={"state": "Healthy"})
     assert detection(healthy, first) is not None
     # The same attempt judged Unhealthy again (e.g. more nodes blamed): not counted twice.
-    assert detection(first, first.model_copy(update={"nodes": ("n1",), "decided_at": first.decided_at + SEC})) is None
+    again = first.model_copy(update={"nodes": ("n1",), "decided_at": first.decided_at + SEC})
+    assert detection(first, again) is None
     # The next attempt's failure, and another incarnation's, count again.
     assert detection(first, unhealthy(resetting_count=1)) is not None
     assert detection(first, unhealthy(uid="u2")) is not None
