@@ -33,6 +33,8 @@ COMPONENTS = (
 # What a real node adds (`respawn local up --real-node`): the kubelet, and the CRI client that
 # stops its pods at `down`.
 REAL_NODE_COMPONENTS = ("kubelet", "crictl")
+# What the tests of deploy/monitoring add: Prometheus's rule checker.
+PROMTOOL = "promtool"
 
 
 def versions() -> dict[str, str]:

@@ -3,6 +3,7 @@ the dashboard parses and selects only metrics the services declare."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from respawn.testbed import binaries
 from tests import monitoring
 from tests.unit.test_docs_metrics import declared
 
@@ -94,13 +96,32 @@ def test_the_dashboard_is_one_grafana_dashboard_with_unique_panel_ids() -> None:
             assert target["datasource"]["uid"] == "${datasource}"
 
 
-PROMTOOL = shutil.which("promtool")
+def promtool() -> Path | None:
+    """promtool from the binary cache (tools/k8sbins/build.sh, run by `make test`), else PATH."""
+    cached = binaries.bin_dir() / binaries.PROMTOOL
+    if os.access(cached, os.X_OK):
+        return cached
+    found = shutil.which("promtool")
+    return Path(found) if found else None
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool is not on PATH")
+@pytest.mark.skipif(promtool() is None, reason="no promtool: run tools/k8sbins/build.sh (make binaries)")
 def test_promtool_checks_the_rules(tmp_path: Path) -> None:
+    tool = promtool()
+    assert tool is not None
     rule_file = tmp_path / "respawn.rules.yaml"
     rule_file.write_text(yaml.safe_dump({"groups": monitoring.rules()["spec"]["groups"]}))
-    assert PROMTOOL is not None
-    done = subprocess.run([PROMTOOL, "check", "rules", str(rule_file)], capture_output=True, text=True)
+    done = subprocess.run([str(tool), "check", "rules", str(rule_file)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(monitoring.rule_expressions())} rules found" in done.stdout
+
+
+@pytest.mark.skipif(promtool() is None, reason="no promtool: run tools/k8sbins/build.sh (make binaries)")
+def test_promtool_refuses_a_broken_rule(tmp_path: Path) -> None:
+    tool = promtool()
+    assert tool is not None
+    rule_file = tmp_path / "broken.rules.yaml"
+    broken = {"alert": "RespawnBroken", "expr": "sum(rate(respawn_lifecycle_resets_total[5m])"}
+    rule_file.write_text(yaml.safe_dump({"groups": [{"name": "broken", "rules": [broken]}]}))
+    done = subprocess.run([str(tool), "check", "rules", str(rule_file)], capture_output=True, text=True)
+    assert done.returncode != 0
