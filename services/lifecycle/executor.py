@@ -73,6 +73,7 @@ ESCALATIONS = metrics.counter(
 UNHEALTHY_TO_RESET = metrics.histogram(
     "respawn_lifecycle_unhealthy_to_reset_seconds",
     "From the first unhealthy observation to the reset's status write",
+    buckets=metrics.LATENCY_BUCKETS,
 )
 REACTION_SECONDS = metrics.histogram(
     "respawn_lifecycle_reaction_seconds",
