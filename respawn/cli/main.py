@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from respawn.cli import explain, status, tail
+from respawn.cli import explain, status, tail, upstream_config
 from respawn.testbed.errors import TestbedError
 from respawn.testbed.services import MAX_REPLICAS, SERVICES, parse_replicas, replica_table, service_of
 
@@ -28,7 +28,7 @@ app.add_typer(local_app, name="local")
 
 CLI_OUTPUT_VERSION = "respawn.cli/v1"
 
-for _command in (status, tail, explain):
+for _command in (status, tail, explain, upstream_config):
     _command.register(app, output_version=CLI_OUTPUT_VERSION)
 
 StateDir = typer.Option(
