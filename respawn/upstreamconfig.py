@@ -280,9 +280,10 @@ def operator_config_of(text: str) -> Mapping[str, Any]:
     return doc
 
 
-def convert(doc: Mapping[str, Any]) -> Conversion:
+def convert(doc: Mapping[str, Any], onto: Mapping[str, Any] | None = None) -> Conversion:
     """Respawn's configuration for upstream's ``OperatorConfig`` (or the CodeFlare operator's),
-    validated as a service would load it. Raises :class:`UpstreamConfigError`."""
+    written over ``onto`` (a Respawn configuration whose other keys, such as ``nats``, stay) when
+    given, and validated as a service would load it. Raises :class:`UpstreamConfigError`."""
     ignored: list[Ignored] = []
     fields, unknown = _fold(doc, ("appwrapper", *_IGNORED_TOP), "")
     config: dict[str, Any] = {}
@@ -292,11 +293,36 @@ def convert(doc: Mapping[str, Any]) -> Conversion:
         if name in fields:
             ignored.append(Ignored(name, why))
     ignored.extend(Ignored(key, _UNKNOWN) for key in unknown)
+    if onto is not None:
+        config = _over(onto, config)
     return Conversion(config, tuple(ignored), _validate(config))
 
 
-def convert_text(text: str) -> Conversion:
-    return convert(operator_config_of(text))
+def _over(base: Mapping[str, Any], converted: Mapping[str, Any]) -> dict[str, Any]:
+    # Section by section; resourceTaints as a whole, since the converted map is complete already
+    # (upstream's defaults merged in).
+    merged = dict(base)
+    for key, value in converted.items():
+        current = merged.get(key)
+        if isinstance(current, Mapping) and isinstance(value, Mapping) and key != "resourceTaints":
+            merged[key] = _over(current, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def convert_text(text: str, onto: str | None = None) -> Conversion:
+    """As :func:`convert`, from the upstream document's text (and the Respawn file's, if any)."""
+    base: Mapping[str, Any] | None = None
+    if onto is not None:
+        try:
+            loaded = yaml.safe_load(onto)
+        except yaml.YAMLError as exc:
+            raise UpstreamConfigError(
+                f"the Respawn configuration to convert onto is not valid YAML: {exc}"
+            ) from None
+        base = {} if loaded is None else _mapping(loaded, "the Respawn configuration to convert onto")
+    return convert(operator_config_of(text), base)
 
 
 def _validate(config: dict[str, Any]) -> OperatorConfig:

@@ -27,6 +27,14 @@ def register(app: typer.Typer, *, output_version: str) -> None:
                 "or its config.yaml; - reads standard input."
             ),
         ),
+        onto: Path | None = typer.Option(
+            None,
+            "--onto",
+            help=(
+                "A Respawn configuration file (such as deploy/base/config/config.yaml) to write the "
+                "converted keys over; its other keys stay."
+            ),
+        ),
         output: Path | None = typer.Option(
             None, "--output", "-o", help="Write Respawn's configuration file here instead of to stdout."
         ),
@@ -39,11 +47,12 @@ def register(app: typer.Typer, *, output_version: str) -> None:
         """
         try:
             text = sys.stdin.read() if source == "-" else Path(source).read_text()
+            base = None if onto is None else onto.read_text()
         except OSError as exc:
-            typer.echo(f"error: cannot read {source}: {exc.strerror}", err=True)
+            typer.echo(f"error: cannot read {exc.filename}: {exc.strerror}", err=True)
             raise typer.Exit(1) from None
         try:
-            conversion = convert_text(text)
+            conversion = convert_text(text, base)
         except UpstreamConfigError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None

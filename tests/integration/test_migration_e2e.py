@@ -22,12 +22,13 @@ import pytest
 
 from bench import upstream
 from respawn.testbed import manifests, sim
+from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
 from shared import subjects
-from shared.appwrapper.constants import FINALIZER
+from shared.appwrapper.constants import CRD_NAME, FINALIZER
 from shared.appwrapper.model import read_appwrapper
 from shared.messages import Verdict
-from tests.integration.conftest import services_on
+from tests.integration.conftest import CRD_DIR, services_on
 from tests.integration.objects import FAST_RESET, apply, get_appwrapper, jobs, labelled_pods, running_pods
 from tests.integration.observe import Observer
 from tests.waiting import holds, until
@@ -38,6 +39,29 @@ PODS = 2
 # How long a workload must stay untouched after the other controller took over: several of
 # lifecycle's passes and health's evaluations (they run on every observation and on timers).
 QUIET = 8.0
+
+
+def apply_crd(kubeconfig: Path, *source: str) -> None:
+    """Apply a CRD as docs/migration.md does (server-side, taking over every field), and wait
+    until it is served."""
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", *source)
+    kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+
+
+@contextlib.contextmanager
+def upstream_crd(kubeconfig: Path) -> Iterator[None]:
+    """Upstream's own CRD in place of Respawn's, as on a cluster that runs upstream; Respawn's is
+    put back however the block ends (the cut-over's step), so that later tests find it."""
+    apply_crd(kubeconfig, "-f", str(upstream.module_dir() / upstream.UPSTREAM_CRD))
+    try:
+        yield
+    finally:
+        apply_crd(kubeconfig, "-k", str(CRD_DIR))
+
+
+def crd_rules(kubeconfig: Path) -> int:
+    """How many CEL rules the served CRD has (upstream's has none, Respawn's several)."""
+    return kubectl(kubeconfig, "get", "crd", CRD_NAME, "-o", "json").stdout.count("x-kubernetes-validations")
 
 
 @contextlib.contextmanager
@@ -128,7 +152,8 @@ async def test_respawn_adopts_what_upstream_runs_and_handles_the_next_fault(
 ) -> None:
     kc = testbed.kubeconfig
     names = ("adopted-a", "adopted-b")
-    with upstream_controller(kc, tmp_path / "logs"):
+    with upstream_crd(kc), upstream_controller(kc, tmp_path / "logs"):
+        assert crd_rules(kc) == 0, "upstream's CRD is served"
         for name in names:
             apply(kc, namespace, manifests.job_appwrapper(name, pods=PODS, annotations=FAST_RESET))
         # Beside the running ones, one that Kueue (or a user) keeps suspended and one that is done.
@@ -143,6 +168,9 @@ async def test_respawn_adopts_what_upstream_runs_and_handles_the_next_fault(
             "held": await settled(kc, namespace, "held", "Suspended"),
             "done": await settled(kc, namespace, "done", "Succeeded"),
         }
+    # Respawn's CRD is served again (upstream_crd put it back): replacing the CRD kept every
+    # AppWrapper and what it runs (checked below, against what upstream left).
+    assert crd_rules(kc) > 0
     for name, seen in before.items():
         # Upstream's own finalizer, the one Respawn removes on deletion: the same string.
         assert seen["finalizers"] == [FINALIZER], name

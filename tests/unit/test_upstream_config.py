@@ -314,3 +314,28 @@ def test_the_command_fails_with_one_line_naming_the_key(tmp_path: Path) -> None:
         result.stderr.strip()
         == "error: appwrapper.faultTolerance.retryLimit: expected an integer, got 'many'"
     )
+
+
+def test_onto_keeps_the_respawn_files_other_keys(tmp_path: Path) -> None:
+    source = tmp_path / "upstream.yaml"
+    source.write_text(yaml.safe_dump({"appwrapper": {"faultTolerance": {"retryLimit": 8}}}))
+    base = tmp_path / "respawn.yaml"
+    base.write_text(
+        "nats:\n  url: nats://respawn-nats:4222\nfaultTolerance:\n  resetPause: 2m\n  retryLimit: 3\n"
+    )
+    out = tmp_path / "config.yaml"
+    result = CliRunner().invoke(
+        app, ["config", "convert-upstream", str(source), "--onto", str(base), "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    loaded = load_config(out, {})
+    assert loaded.nats.url == "nats://respawn-nats:4222"
+    assert loaded.fault_tolerance.retry_pause_period == timedelta(minutes=2)
+    assert loaded.fault_tolerance.retry_limit == 8
+
+
+def test_the_repositorys_configuration_takes_upstreams_defaults_unchanged() -> None:
+    base = (Path(__file__).resolve().parents[2] / "deploy" / "base" / "config" / "config.yaml").read_text()
+    merged = convert_text(yaml.safe_dump(UPSTREAM_DEFAULTS), base).validated
+    assert merged.fault_tolerance == OperatorConfig().fault_tolerance
+    assert merged.nats.url == "nats://respawn-nats:4222"
