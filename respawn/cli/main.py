@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from respawn.cli import explain, status, tail, upstream_config
+from respawn.cli import explain, status, tail
 from respawn.testbed.errors import TestbedError
 from respawn.testbed.services import MAX_REPLICAS, SERVICES, parse_replicas, replica_table, service_of
 
@@ -28,7 +28,7 @@ app.add_typer(local_app, name="local")
 
 CLI_OUTPUT_VERSION = "respawn.cli/v1"
 
-for _command in (status, tail, explain, upstream_config):
+for _command in (status, tail, explain):
     _command.register(app, output_version=CLI_OUTPUT_VERSION)
 
 StateDir = typer.Option(
@@ -297,6 +297,16 @@ def demo(
         run_demo(state_dir, keep=keep, log=_say)
     except (TestbedError, TimeoutError) as exc:
         _fail(exc)
+
+
+def _register_config() -> None:
+    """``respawn config ...`` (respawn/cli/upstream_config.py)."""
+    from respawn.cli import upstream_config
+
+    upstream_config.register(app, output_version=CLI_OUTPUT_VERSION)
+
+
+_register_config()
 
 
 def main() -> None:

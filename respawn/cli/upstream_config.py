@@ -36,7 +36,7 @@ def register(app: typer.Typer, *, output_version: str) -> None:
             ),
         ),
         output: Path | None = typer.Option(
-            None, "--output", "-o", help="Write Respawn's configuration file here instead of to stdout."
+            None, "--output-file", help="Write Respawn's configuration file here instead of to stdout."
         ),
     ) -> None:
         """Convert the upstream AppWrapper (or CodeFlare) operator configuration into Respawn's.

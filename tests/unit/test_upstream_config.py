@@ -298,7 +298,7 @@ def test_the_command_reads_stdin_and_writes_a_file(tmp_path: Path) -> None:
     out = tmp_path / "config.yaml"
     result = CliRunner().invoke(
         app,
-        ["config", "convert-upstream", "-", "-o", str(out)],
+        ["config", "convert-upstream", "-", "--output-file", str(out)],
         input=yaml.safe_dump({"appwrapper": {"faultTolerance": {"retryLimit": 2}}}),
     )
     assert result.exit_code == 0, result.output
@@ -325,7 +325,7 @@ def test_onto_keeps_the_respawn_files_other_keys(tmp_path: Path) -> None:
     )
     out = tmp_path / "config.yaml"
     result = CliRunner().invoke(
-        app, ["config", "convert-upstream", str(source), "--onto", str(base), "-o", str(out)]
+        app, ["config", "convert-upstream", str(source), "--onto", str(base), "--output-file", str(out)]
     )
     assert result.exit_code == 0, result.output
     loaded = load_config(out, {})
