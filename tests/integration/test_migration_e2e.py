@@ -27,7 +27,7 @@ from respawn.testbed.modes import Endpoints
 from shared import subjects
 from shared.appwrapper.constants import CRD_NAME, FINALIZER
 from shared.appwrapper.model import read_appwrapper
-from shared.messages import Verdict
+from shared.messages import LifecycleEvent, Verdict
 from tests.integration.conftest import CRD_DIR, services_on
 from tests.integration.objects import FAST_RESET, apply, get_appwrapper, jobs, labelled_pods, running_pods
 from tests.integration.observe import Observer
@@ -126,6 +126,13 @@ async def healthy_verdict(nats_url: str, namespace: str, name: str) -> Verdict:
         )
 
 
+async def lifecycle_events(nats_url: str, namespace: str, name: str) -> list[LifecycleEvent]:
+    async with Observer(nats_url) as obs:
+        return await obs.all(
+            subjects.LIFECYCLE_STREAM, subjects.lifecycle_event(namespace, name), LifecycleEvent
+        )
+
+
 async def untouched(kubeconfig: Path, namespace: str, name: str, before: dict[str, Any]) -> None:
     await holds(
         f"{namespace}/{name} running untouched",
@@ -183,6 +190,11 @@ async def test_respawn_adopts_what_upstream_runs_and_handles_the_next_fault(
             await healthy_verdict(testbed.nats_url, namespace, name)
         for name, seen in {**before, **others}.items():
             await untouched(kc, namespace, name, seen)
+        # All Respawn said of a running one: its recent transition to Running, announced once
+        # more (docs/migration.md); no reset began.
+        announced = await lifecycle_events(testbed.nats_url, namespace, "adopted-b")
+        assert announced, "the recent transition to Running is announced"
+        assert {(e.event, e.phase) for e in announced} == {("PhaseChanged", "Running")}, announced
 
         # A fault after the switch is Respawn's: reset, recreated, Running again.
         victim = "adopted-a"
