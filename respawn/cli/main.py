@@ -299,6 +299,16 @@ def demo(
         _fail(exc)
 
 
+def _register_config() -> None:
+    """``respawn config ...`` (respawn/cli/upstream_config.py)."""
+    from respawn.cli import upstream_config
+
+    upstream_config.register(app, output_version=CLI_OUTPUT_VERSION)
+
+
+_register_config()
+
+
 def main() -> None:
     app()
 
