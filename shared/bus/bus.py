@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -39,7 +40,17 @@ from shared.bus.delivery import Handler, M
 from shared.bus.errors import BusError
 from shared.bus.publish import Published, publish, send
 from shared.bus.replay import CaughtUp, Replay, start_replay
-from shared.bus.streams import StreamLimits, StreamSpec, default_streams, ensure_stream, sequences, stream_for
+from shared.bus.streams import (
+    UNAVAILABLE,
+    UNAVAILABLE_FOR,
+    StreamLimits,
+    StreamSpec,
+    default_streams,
+    ensure_stream,
+    sequences,
+    stream_for,
+    wait_out_unavailable,
+)
 from shared.messages import Message
 
 log = logging.getLogger(__name__)
@@ -275,11 +286,30 @@ class Bus:
 
     # -------------------------------------------------------------- set-up
 
-    async def ensure_streams(self, specs: Sequence[StreamSpec] | None = None) -> None:
+    async def ensure_streams(
+        self, specs: Sequence[StreamSpec] | None = None, *, unavailable_for: float = UNAVAILABLE_FOR
+    ) -> None:
         """Create or reconcile Respawn's streams (all of :func:`default_streams`, with this bus's
-        ``stream_limits``, by default)."""
+        ``stream_limits``, by default).
+
+        JetStream without a metadata leader (a NATS cluster that lost its quorum, or one still
+        electing after a restart) answers 503 or not at all: that is waited out for up to
+        ``unavailable_for`` seconds, then a :class:`BusError` says so, so that a service exits
+        with one clear line instead of a traceback.
+        """
         for spec in specs if specs is not None else default_streams(self._stream_limits):
-            await self.ensure_stream(spec)
+            try:
+                await wait_out_unavailable(
+                    f"setting up stream {spec.name}",
+                    functools.partial(self.ensure_stream, spec),
+                    unavailable_for,
+                )
+            except UNAVAILABLE as exc:
+                raise BusError(
+                    f"JetStream is unavailable (no metadata leader: a NATS cluster without quorum?) "
+                    f"and stream {spec.name} could not be set up within {unavailable_for:.0f}s: "
+                    f"{getattr(exc, 'description', None) or type(exc).__name__}"
+                ) from exc
 
     async def ensure_stream(self, spec: StreamSpec) -> None:
         """Create the stream, or update it where it differs; never fails on a refused update, and

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import nats.js.errors
 from nats.js import api
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay
 
 from shared import subjects
+from shared.bus.backoff import backoff
 from shared.bus.errors import BusError
 
 log = logging.getLogger(__name__)
@@ -343,6 +345,37 @@ def desired_config(
     metadata[LIMITS_METADATA] = limits_record(wanted)
     config.metadata = metadata
     return config
+
+
+# What JetStream answers while it has no metadata leader: 503 "JetStream system temporarily
+# unavailable", or no answer at all.
+UNAVAILABLE = (nats.js.errors.ServiceUnavailableError, TimeoutError)
+# Long enough for a NATS cluster to elect a leader after a rolling restart; short enough that a
+# cluster which lost its quorum shows as a restarting service with a clear last line.
+UNAVAILABLE_FOR = 30.0
+
+
+async def wait_out_unavailable(what: str, attempt: Callable[[], Awaitable[None]], seconds: float) -> None:
+    """Run ``attempt``, trying again while JetStream is unavailable, for up to ``seconds``."""
+
+    def before_sleep(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning(
+            "%s: JetStream unavailable (%s); retrying in %.1fs",
+            what,
+            getattr(exc, "description", None) or type(exc).__name__,
+            state.upcoming_sleep,
+        )
+
+    async for retry in AsyncRetrying(
+        retry=retry_if_exception_type(UNAVAILABLE),
+        wait=backoff(0.5, 5.0),
+        stop=stop_after_delay(seconds),
+        before_sleep=before_sleep,
+        reraise=True,
+    ):
+        with retry:
+            await attempt()
 
 
 async def ensure_stream(
