@@ -720,19 +720,22 @@ async def test_a_reader_reads_its_mirrors_with_any_consumer_of_its_own(mirrored:
         js = reader.js
         # An ordered replay, as `respawn tail` does it (its own code).
         [got] = await tail.read_all(reader.nc, subjects.LIFECYCLE_STREAM, l_subject)
-        assert decode(LifecycleEvent, got.data) == l_message
+        assert decode(LifecycleEvent, got.data, got.headers) == l_message
+        # The mirror keeps the headers: the payload is JSON, as published, and says so.
+        assert got.headers["content-type"] == "application/json"
+        assert json.loads(got.data)["event"] == l_message.event
         # A durable pull consumer with explicit acks, in its own account.
         durable = unique("dashboard")
         psub = await js.pull_subscribe(v_subject, durable=durable, stream=subjects.VERDICTS_STREAM)
         (msg,) = await psub.fetch(1, timeout=5)
-        assert decode(Verdict, msg.data) == v_message
+        assert decode(Verdict, msg.data, msg.headers) == v_message
         await msg.ack_sync(timeout=5)
         info = await js.consumer_info(subjects.VERDICTS_STREAM, durable)
         assert info.ack_floor.stream_seq == msg.metadata.sequence.stream
         await js.delete_consumer(subjects.VERDICTS_STREAM, durable)
         # A direct read of the last verdict.
         last = await js.get_last_msg(subjects.VERDICTS_STREAM, v_subject)
-        assert decode(Verdict, last.data) == v_message
+        assert decode(Verdict, last.data, last.headers) == v_message
         # Its account holds its mirrors and nothing else; Respawn's consumers are not there.
         names = await reader.api("$JS.API.STREAM.NAMES")
         assert sorted(names["streams"]) == sorted(natsauth.PUBLIC_STREAMS)
@@ -905,7 +908,7 @@ async def test_a_reader_may_rebuild_its_mirror_with_the_whole_history(mirrored: 
     await until("the rebuilt mirror to hold the earlier event", copied, within=10)
     async with client(mirrored, READER) as reader:
         [got] = await tail.read_all(reader.nc, subjects.LIFECYCLE_STREAM, l_subject)
-        assert decode(LifecycleEvent, got.data) == l_message
+        assert decode(LifecycleEvent, got.data, got.headers) == l_message
 
 
 async def test_mirrors_made_before_respawns_streams_exist_fill_once_they_do(fresh_nats: AuthNats) -> None:
