@@ -157,7 +157,8 @@ def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
         for encoding, r in by_encoding.items():
             lines.append(
                 f"| `{kind}` | {encoding} | {r['encode_us']:.1f} | {r['decode_us']:.1f} | "
-                f"{r['encode_us'] + r['decode_us']:.1f} | {r['payload_bytes']:.0f} | {r['header_bytes']:.0f} |"
+                f"{r['encode_us'] + r['decode_us']:.1f} | {r['payload_bytes']:.0f} | "
+                f"{r['header_bytes']:.0f} |"
             )
     return "\n".join(lines)
 

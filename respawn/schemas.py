@@ -92,7 +92,9 @@ def schema(model: type[Message], doc: str) -> dict[str, Any]:
         "type": "integer",
         "minimum": 0,
         "default": 0,
-        "description": f"additive changes within that version: {model.REVISION} for this schema; a missing field means 0",
+        "description": (
+            f"additive changes within that version: {model.REVISION} for this schema; a missing field means 0"
+        ),
     }
     description = raw.pop("description", "")
     return {

@@ -110,7 +110,9 @@ async def wire(bus: Bus) -> AsyncIterator[Wire]:
     tap = Wire(bus)
 
     async def keep(msg: Any) -> None:
-        tap.seen.append(((msg.headers or {}).get(MSG_ID_HEADER, ""), decode(NodeVerdict, msg.data, msg.headers)))
+        tap.seen.append(
+            ((msg.headers or {}).get(MSG_ID_HEADER, ""), decode(NodeVerdict, msg.data, msg.headers))
+        )
 
     sub = await bus.nc.subscribe(subjects.node_verdict_filter(), cb=keep)
     try:

@@ -165,7 +165,7 @@ async def test_public_messages_go_in_the_configured_encoding_and_a_mixed_stream_
             nats_url, name=f"test-{encoding}-{uid()}", public_encoding=encoding
         )
     try:
-        for seq, (encoding, b) in enumerate(buses.items(), start=1):
+        for seq, b in enumerate(buses.values(), start=1):
             await b.publish(subject, verdict("aw", seq=seq), msg_id=f"{ns}-{seq}")
         # An observation is internal: msgpack whatever the public encoding.
         obs_subject = subjects.node_obs(f"n-{ns}")

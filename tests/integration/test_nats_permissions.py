@@ -1002,6 +1002,39 @@ async def test_respawn_explain_and_tail_work_for_the_documented_reader(mirrored:
     assert "$js.api.stream.names" in err.lower() and len(err.strip().splitlines()) == 1, err
 
 
+async def test_the_example_consumer_works_for_the_documented_reader(mirrored: AuthNats) -> None:
+    (_, v_message), _ = await publish_public(mirrored)
+    ns = v_message.ref.namespace
+    env = {
+        **os.environ,
+        "NATS_USER": READER,
+        "NATS_PASSWORD": mirrored.passwords[READER],
+        "NATS_INBOX_PREFIX": natsauth.inbox_prefix(READER),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(REPO / "examples" / "consume.py"),
+        "--url",
+        mirrored.url,
+        "--namespace",
+        ns,
+        "--appwrapper",
+        v_message.ref.name,
+        "--count",
+        "2",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    who = f"{ns}/{v_message.ref.name}"
+    assert sorted(out.decode().splitlines()) == [
+        f"lifecycle {who} PhaseChanged - -> Running attempt=0",
+        f"verdict {who} Healthy - seq=0",
+    ]
+
+
 async def test_explain_names_a_user_that_may_not_read_the_streams(auth_nats: AuthNats) -> None:
     async with client(auth_nats, "watcher") as watcher:
         with pytest.raises(tail.NatsUnavailable, match="may not list the streams of its account"):

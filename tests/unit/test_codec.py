@@ -120,7 +120,7 @@ def test_json_messages_are_checked_as_msgpack_ones_are() -> None:
     newer = {**json.loads(VERDICT.encode("json")), "schema_version": 2}
     with pytest.raises(UnsupportedSchemaVersion):
         decode(Verdict, json.dumps(newer).encode(), headers)
-    with pytest.raises(InvalidMessage, match="expected schema_kind 'verdict', got 'lifecycle.event'"):
+    with pytest.raises(InvalidMessage, match=r"expected schema_kind 'verdict', got 'lifecycle\.event'"):
         decode(Verdict, EVENT.encode("json"), headers)
     with pytest.raises(InvalidMessage, match="expected a map, got list"):
         decode(Verdict, b"[1, 2]", headers)

@@ -24,7 +24,8 @@ SAMPLES: list[Message] = [
 def test_the_checked_in_schemas_are_what_the_models_and_docs_give() -> None:
     differ = schemas.stale()
     assert differ == [], (
-        f"docs/schemas/ is out of date ({', '.join(differ)}): refresh it with `{schemas.REFRESH}` and commit it"
+        f"docs/schemas/ is out of date ({', '.join(differ)}): "
+        f"refresh it with `{schemas.REFRESH}` and commit it"
     )
 
 
