@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, ClassVar, Final, Literal, TypeVar
 
 import msgpack
@@ -102,8 +102,9 @@ M = TypeVar("M", bound=Message)
 
 
 def _rfc3339(moment: datetime) -> str:
-    text = moment.isoformat()
-    return text[:-6] + "Z" if text.endswith("+00:00") else text
+    """``moment`` in UTC as RFC 3339 (a time without a zone is taken as UTC, as Respawn's are)."""
+    utc = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    return utc.isoformat().replace("+00:00", "Z")
 
 
 def encode(message: Message, encoding: Encoding, *, msg_id: str, source: str) -> tuple[bytes, dict[str, str]]:

@@ -138,3 +138,16 @@ def test_a_union_dispatches_on_the_kind_in_either_encoding() -> None:
 def test_only_verdicts_and_lifecycle_events_are_public() -> None:
     public = {m.KIND for m in Message.__subclasses__() if m.PUBLIC}
     assert public == {"verdict", "lifecycle.event"}
+
+
+def test_ce_time_is_utc_whatever_zone_the_time_was_given_in() -> None:
+    from datetime import timedelta, timezone
+
+    elsewhere = AT.astimezone(timezone(timedelta(hours=2)))
+    _, headers = encode(
+        VERDICT.model_copy(update={"decided_at": elsewhere}), "cloudevents", msg_id="i", source="s"
+    )
+    assert headers["ce-time"] == "2025-01-02T03:04:05.678000Z"
+    naive = AT.replace(tzinfo=None)
+    _, headers = encode(EVENT.model_copy(update={"at": naive}), "cloudevents", msg_id="i", source="s")
+    assert headers["ce-time"] == "2025-01-02T03:04:05.678000Z"
