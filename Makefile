@@ -29,8 +29,8 @@ release: venv
 	@VENV=$(VENV) $(BIN)/python -m respawn.release
 
 lint: venv
-	$(BIN)/ruff check shared services respawn tests bench
-	$(BIN)/ruff format --check shared services respawn tests bench
+	$(BIN)/ruff check shared services respawn tests bench examples
+	$(BIN)/ruff format --check shared services respawn tests bench examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -112,7 +112,7 @@ class Verdicts:
         self.seen: list[tuple[float, NodeVerdict]] = []
 
     async def keep(self, msg: Any) -> None:
-        self.seen.append((time.monotonic(), decode(NodeVerdict, msg.data)))
+        self.seen.append((time.monotonic(), decode(NodeVerdict, msg.data, msg.headers)))
 
     def first_after(self, since: float, evicted: bool) -> float | None:
         for at, verdict in self.seen:

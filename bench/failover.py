@@ -149,12 +149,12 @@ async def run(args: argparse.Namespace) -> list[Trial]:
         resets: dict[str, float] = {}
 
         async def on_verdict(msg: Any) -> None:
-            v = decode(Verdict, msg.data)
+            v = decode(Verdict, msg.data, msg.headers)
             if v.state == "Unhealthy":
                 verdicts.setdefault(v.ref.name, time.monotonic())
 
         async def on_event(msg: Any) -> None:
-            e = decode(LifecycleEvent, msg.data)
+            e = decode(LifecycleEvent, msg.data, msg.headers)
             if e.event == "ResetStarted":
                 resets.setdefault(e.ref.name, time.monotonic())
 

@@ -327,7 +327,7 @@ async def latency(state_dir: Path, appwrappers: int, pods: int, samples: int) ->
     received: dict[str, float] = {}
 
     async def on_verdict(msg: Any) -> None:
-        v = decode(Verdict, msg.data)
+        v = decode(Verdict, msg.data, msg.headers)
         if v.state == "Unhealthy" and v.ref.name not in received:
             received[v.ref.name] = time.perf_counter()
 

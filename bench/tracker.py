@@ -369,6 +369,6 @@ async def subscribe_verdicts(nc: Any, namespace: str, tracker: Tracker) -> None:
     async def on_verdict(msg: Any) -> None:
         now = time.time()
         with contextlib.suppress(Exception):  # not a verdict this benchmark can read
-            tracker.on_verdict(decode(Verdict, msg.data), now)
+            tracker.on_verdict(decode(Verdict, msg.data, msg.headers), now)
 
     await nc.subscribe(subjects.verdict_filter(namespace), cb=on_verdict)

@@ -172,13 +172,13 @@ async def _follow_streams(nats_url: str, board: Board) -> None:
     js = nc.jetstream()
 
     async def on_verdict(msg: Any) -> None:
-        v = decode(Verdict, msg.data)
+        v = decode(Verdict, msg.data, msg.headers)
         if v.ref.namespace == NS:
             board.verdicts[v.ref.name] = v
             board.verdict_times.setdefault(v.ref.name, []).append((time.monotonic(), v))
 
     async def on_event(msg: Any) -> None:
-        e = decode(LifecycleEvent, msg.data)
+        e = decode(LifecycleEvent, msg.data, msg.headers)
         if e.ref.namespace == NS:
             board.events.setdefault(e.ref.name, []).append((time.monotonic(), e))
 

@@ -40,6 +40,7 @@ from shared.durations import format_go_duration, parse_go_duration
 from shared.failures import failure_table
 from shared.failures.patterns import FailurePattern
 from shared.faulttolerance import FaultTolerance
+from shared.messages import Encoding
 from shared.stalls import MAX_STORM_RESTARTS, StallDefaults
 
 if TYPE_CHECKING:
@@ -488,6 +489,9 @@ class NatsConfig(_Section):
     # How long a tombstone (the observation of a deleted object) stays in RESPAWN_OBSERVATIONS:
     # long enough for every consumer to see it, after which the object's subject goes away.
     tombstone_ttl: Duration = Field(default=timedelta(hours=24), alias="tombstoneTTL")
+    # How the public streams (verdicts, lifecycle events) are encoded for outside systems: JSON
+    # by default, so any tool prints them as they are (docs/messages.md, "Encodings").
+    public_encoding: Encoding = "json"
     streams: NatsStreamsConfig = Field(default_factory=NatsStreamsConfig)
 
     @model_validator(mode="after")

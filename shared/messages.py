@@ -1,21 +1,43 @@
-"""Message schemas: the one place every bus message is defined.
+"""Message schemas and their codec: the one place every bus message is defined and encoded.
 
-Every message is a pydantic model with a ``schema_kind`` and ``schema_version``;
-it travels as msgpack. A consumer rejects a message whose version is newer than
-it understands (``UnsupportedSchemaVersion``) instead of guessing, and a message
-that does not validate (``InvalidMessage``) is dead-lettered by the bus adapter.
-The schemas are documented in docs/messages.md.
+Every message is a pydantic model with a ``schema_kind`` and ``schema_version``. Internal
+messages travel as msgpack; the public ones (``PUBLIC``: verdicts and lifecycle events) in the
+deployment's choice of encoding (:data:`ENCODINGS`): plain JSON, JSON with CloudEvents headers
+(binary content mode), or msgpack. The payload of a message is the same map in every encoding,
+and the ``content-type`` header says which one it is (none: msgpack), so :func:`decode` reads a
+stream that holds a mix. A consumer rejects a message whose version is newer than it
+understands (``UnsupportedSchemaVersion``) instead of guessing, and a message that does not
+validate (``InvalidMessage``) is dead-lettered by the bus adapter. The schemas are documented in
+docs/messages.md, and as JSON Schema in docs/schemas/.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, ClassVar, Literal, TypeVar
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Final, Literal, TypeVar
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 SCHEMA_HEADER = "Respawn-Schema"
+
+# How a message's payload is encoded (docs/messages.md, "Encodings"). msgpack is what every
+# message was before the header existed, so a message without it is msgpack.
+Encoding = Literal["json", "cloudevents", "msgpack"]
+ENCODINGS: Final[tuple[Encoding, ...]] = ("json", "cloudevents", "msgpack")
+CONTENT_TYPE_HEADER: Final = "content-type"
+JSON_CONTENT_TYPE: Final = "application/json"
+MSGPACK_CONTENT_TYPES: Final = frozenset(
+    {"application/msgpack", "application/x-msgpack", "application/vnd.msgpack"}
+)
+# CloudEvents 1.0 in the binary content mode of its NATS binding: every attribute a header of
+# its own, the payload the event's data (the same JSON as with the plain ``json`` encoding).
+CE_PREFIX: Final = "ce-"
+CE_SPECVERSION: Final = "1.0"
+# ``ce-type`` is this prefix, the schema kind and its version: ``dev.respawn.verdict.v1``.
+CE_TYPE_PREFIX: Final = "dev.respawn."
 
 
 class InvalidMessage(ValueError):
@@ -33,6 +55,9 @@ class Message(BaseModel):
 
     KIND: ClassVar[str] = ""
     VERSION: ClassVar[int] = 1
+    # A message of the public streams, for outside systems: encoded as the deployment chooses
+    # (``nats.publicEncoding``); every other message is msgpack.
+    PUBLIC: ClassVar[bool] = False
     # Counts additive changes within a version (new optional fields whose defaults keep the old
     # meaning): a reader of an older revision reads a newer one, ignoring what it does not know,
     # so only ``schema_version`` is ever a reason to refuse a message.
@@ -52,19 +77,98 @@ class Message(BaseModel):
     def schema_id(cls) -> str:
         return f"{cls.KIND}/v{cls.VERSION}"
 
-    def encode(self) -> bytes:
-        return msgpack.packb(self.model_dump(mode="json"), use_bin_type=True)  # type: ignore[no-any-return]
+    @classmethod
+    def ce_type(cls) -> str:
+        """The CloudEvents ``type`` of this schema: ``dev.respawn.<schema_kind>.v<version>``."""
+        return f"{CE_TYPE_PREFIX}{cls.KIND}.v{cls.VERSION}"
+
+    def ce_subject(self) -> str:
+        """The CloudEvents ``subject``: what the message is about (``namespace/name``)."""
+        ref = getattr(self, "ref", None)
+        return f"{ref.namespace}/{ref.name}" if isinstance(ref, ObjectRef) else ""
+
+    def ce_time(self) -> datetime | None:
+        """The CloudEvents ``time``: when what the message tells happened (None: unknown)."""
+        return None
+
+    def encode(self, encoding: Encoding = "msgpack") -> bytes:
+        """The payload alone; :func:`encode` also gives the headers that say how to read it."""
+        if encoding == "msgpack":
+            return msgpack.packb(self.model_dump(mode="json"), use_bin_type=True)  # type: ignore[no-any-return]
+        return self.model_dump_json().encode()
 
 
 M = TypeVar("M", bound=Message)
 
 
-def decode(cls: type[M], data: bytes) -> M:
-    """Decode msgpack bytes into ``cls``; raise InvalidMessage with a specific reason."""
+def _rfc3339(moment: datetime) -> str:
+    """``moment`` in UTC as RFC 3339 (a time without a zone is taken as UTC, as Respawn's are)."""
+    utc = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    return utc.isoformat().replace("+00:00", "Z")
+
+
+def encode(message: Message, encoding: Encoding, *, msg_id: str, source: str) -> tuple[bytes, dict[str, str]]:
+    """``message``'s payload in ``encoding`` and the headers that say how it is encoded.
+
+    ``msg_id`` (the message's ``Nats-Msg-Id``) becomes the CloudEvents ``id`` and ``source``
+    (the publishing service) its ``source``: a repeat of one event carries the same pair, as
+    CloudEvents would have it.
+    """
+    payload = message.encode(encoding)
+    if encoding == "msgpack":
+        return payload, {}
+    headers = {CONTENT_TYPE_HEADER: JSON_CONTENT_TYPE}
+    if encoding == "cloudevents":
+        headers.update(
+            {
+                CE_PREFIX + "specversion": CE_SPECVERSION,
+                CE_PREFIX + "id": msg_id,
+                CE_PREFIX + "type": message.ce_type(),
+                CE_PREFIX + "source": source,
+            }
+        )
+        subject = message.ce_subject()
+        if subject:
+            headers[CE_PREFIX + "subject"] = subject
+        moment = message.ce_time()
+        if moment is not None:
+            headers[CE_PREFIX + "time"] = _rfc3339(moment)
+    return payload, headers
+
+
+def content_type(headers: Mapping[str, str] | None) -> str:
+    """The media type the ``content-type`` header names (any case; parameters dropped), or ""."""
+    for key, value in (headers or {}).items():
+        if key.lower() == CONTENT_TYPE_HEADER:
+            return value.split(";", 1)[0].strip().lower()
+    return ""
+
+
+def _load(data: bytes, headers: Mapping[str, str] | None) -> Any:
+    media = content_type(headers)
+    if media == JSON_CONTENT_TYPE:
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+            raise InvalidMessage(f"not JSON: {exc}") from exc
+    if media and media not in MSGPACK_CONTENT_TYPES:
+        raise InvalidMessage(f"unsupported content-type {media!r}: expected {JSON_CONTENT_TYPE} or msgpack")
     try:
-        raw = msgpack.unpackb(data, raw=False)
+        return msgpack.unpackb(data, raw=False)
     except Exception as exc:  # msgpack raises several unrelated exception types
         raise InvalidMessage(f"not msgpack: {exc}") from exc
+
+
+def decode(cls: type[M], data: bytes, headers: Mapping[str, str] | None = None) -> M:
+    """Decode a payload into ``cls``; raise InvalidMessage with a specific reason.
+
+    The ``content-type`` among ``headers`` says how it is encoded: ``application/json`` (also
+    under CloudEvents headers) or msgpack, which a message without one is.
+    """
+    return _decode(cls, _load(data, headers))
+
+
+def _decode(cls: type[M], raw: Any) -> M:
     if not isinstance(raw, dict):
         raise InvalidMessage(f"expected a map, got {type(raw).__name__}")
     kind = raw.get("schema_kind")
@@ -73,7 +177,7 @@ def decode(cls: type[M], data: bytes) -> M:
         # A union stand-in (e.g. AnyObservation): dispatch on the kind the message names.
         if kind not in variants:
             raise InvalidMessage(f"expected one of {sorted(variants)}, got schema_kind {kind!r}")
-        return decode(variants[kind], data)  # type: ignore[return-value]
+        return _decode(variants[kind], raw)  # type: ignore[return-value]
     if kind != cls.KIND:
         raise InvalidMessage(f"expected schema_kind {cls.KIND!r}, got {kind!r}")
     version = raw.get("schema_version")
@@ -241,6 +345,7 @@ class Verdict(Message):
 
     KIND: ClassVar[str] = "verdict"
     REVISION: ClassVar[int] = 1
+    PUBLIC: ClassVar[bool] = True
 
     ref: ObjectRef
     state: VerdictState
@@ -269,6 +374,9 @@ class Verdict(Message):
     failure_class: str = ""
     failure_code: str = ""
     fault_kind: str = ""
+
+    def ce_time(self) -> datetime | None:
+        return self.decided_at
 
 
 QuarantineState = Literal["Quarantined", "DryRun", "Held", "Released"]
@@ -342,6 +450,7 @@ class LifecycleEvent(Message):
 
     KIND: ClassVar[str] = "lifecycle.event"
     REVISION: ClassVar[int] = 1
+    PUBLIC: ClassVar[bool] = True
 
     ref: ObjectRef
     event: str
@@ -356,6 +465,9 @@ class LifecycleEvent(Message):
     # the verdict it applied.
     failure_class: str = ""
     failure_code: str = ""
+
+    def ce_time(self) -> datetime | None:
+        return self.at
 
 
 class AnyObservation(Message):

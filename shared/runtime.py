@@ -84,6 +84,7 @@ async def run(name: str, main: Main, *, needs_kube: bool | Callable[[OperatorCon
             nkey_seed_file=config.nats.nkey_seed_file,
             tls=config.nats.tls.to_files(),
             stream_limits=config.nats.streams.by_stream(),
+            public_encoding=config.nats.public_encoding,
             inbox_prefix=os.environ.get("NATS_INBOX_PREFIX") or None,
             replicas=config.nats.stream_replicas,
             tracer_provider=telemetry.provider,

@@ -585,17 +585,17 @@ async def gather(nc: Any, namespace: str, name: str) -> Records:
     observations: list[tuple[Message, StoredMessage]] = []
     for stored in verdicts_raw:
         try:
-            verdicts.append((decode(Verdict, stored.data), stored))
+            verdicts.append((decode(Verdict, stored.data, stored.headers), stored))
         except InvalidMessage:
             skipped += 1
     for stored in events_raw:
         try:
-            events.append((decode(LifecycleEvent, stored.data), stored))
+            events.append((decode(LifecycleEvent, stored.data, stored.headers), stored))
         except InvalidMessage:
             skipped += 1
     for stored in obs_raw:
         try:
-            observations.append((decode(AnyObservation, stored.data), stored))
+            observations.append((decode(AnyObservation, stored.data, stored.headers), stored))
         except InvalidMessage:
             skipped += 1
     unreadable = tuple(s for s in (*_PUBLIC, subjects.OBSERVATIONS_STREAM) if s not in present)

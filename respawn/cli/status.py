@@ -293,7 +293,7 @@ async def fetch_quarantine(nats_url: str) -> list[QuarantinedNode]:
     """The entries of the last stored quarantine node verdict (none stored: no entry).
 
     Raises :class:`CliError` when NATS cannot be reached."""
-    from respawn.cli.tail import NatsUnavailable, StreamMissing, connect_nats, stored_messages
+    from respawn.cli.tail import NatsUnavailable, StoredMessage, StreamMissing, connect_nats, stored_messages
     from shared import subjects
     from shared.messages import QUARANTINE_RESOURCE, InvalidMessage, NodeVerdict, decode
 
@@ -301,12 +301,12 @@ async def fetch_quarantine(nats_url: str) -> list[QuarantinedNode]:
         nc = await connect_nats(nats_url)
     except NatsUnavailable as exc:
         raise CliError(str(exc)) from None
-    last: bytes | None = None
+    last: StoredMessage | None = None
     try:
         async for message in stored_messages(
             nc, subjects.NODE_VERDICTS_STREAM, subjects.node_verdict(QUARANTINE_RESOURCE)
         ):
-            last = message.data
+            last = message
     except StreamMissing:
         return []
     finally:
@@ -314,7 +314,7 @@ async def fetch_quarantine(nats_url: str) -> list[QuarantinedNode]:
     if last is None:
         return []
     try:
-        return list(decode(NodeVerdict, last).quarantine)
+        return list(decode(NodeVerdict, last.data, last.headers).quarantine)
     except InvalidMessage as exc:
         raise CliError(f"the stored quarantine verdict cannot be read: {exc}") from None
 

@@ -393,7 +393,7 @@ async def _tail(
             nc, stream, subject_filter(kind, namespace), start=start, follow=follow
         ):
             try:
-                message = decode(cls, stored.data)
+                message = decode(cls, stored.data, stored.headers)
             except InvalidMessage as exc:
                 typer.echo(
                     f"respawn: skipping #{stored.seq} on {stored.subject}: {_one_line(str(exc))}", err=True

@@ -6,10 +6,11 @@ Everything a service does on the bus goes through :class:`Bus`:
   docs/messages.md (:meth:`Bus.ensure_streams`) and durable pull consumers
   (:meth:`Bus.ensure_consumer`);
 - :meth:`Bus.publish` of a :class:`shared.messages.Message` with a ``Nats-Msg-Id`` for
-  de-duplication, the schema header and the W3C trace context (and a ``Nats-TTL`` for
-  tombstones); a message that can never be published (too large, invalid subject, no
-  permission) fails at once with :class:`PermanentPublishError`, and :meth:`Bus.dead_letter`
-  records it instead;
+  de-duplication, the schema header, the W3C trace context (and a ``Nats-TTL`` for
+  tombstones), encoded by :mod:`shared.messages` (a public message in the deployment's
+  ``public_encoding``, with the ``content-type`` and CloudEvents headers that go with it); a
+  message that can never be published (too large, invalid subject, no permission) fails at
+  once with :class:`PermanentPublishError`, and :meth:`Bus.dead_letter` records it instead;
 - :meth:`Bus.consume`, a supervised pull loop that acks a message only after its handler
   returned, naks it (with a delay) when the handler asks to be retried, and moves what can
   never be processed to ``respawn.deadletter.<service>`` instead of crashing or looping;

@@ -51,7 +51,7 @@ from shared.bus.streams import (
     stream_for,
     wait_out_unavailable,
 )
-from shared.messages import Message
+from shared.messages import ENCODINGS, Encoding, Message
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,15 @@ class Bus:
         tracer_provider: TracerProvider | None,
         state: ConnectionState,
         stream_limits: Mapping[str, StreamLimits] | None = None,
+        public_encoding: Encoding = "json",
     ) -> None:
+        if public_encoding not in ENCODINGS:
+            raise ValueError(
+                f"public_encoding must be one of {', '.join(ENCODINGS)}, got {public_encoding!r}"
+            )
         self._nc = nc
+        # How the public messages (verdicts, lifecycle events) are encoded; the rest is msgpack.
+        self.public_encoding: Encoding = public_encoding
         self._js = nc.jetstream()
         self.service = service
         self.replicas = replicas
@@ -113,6 +120,7 @@ class Bus:
         nkey_seed_file: str | Path | None = None,
         tls: TlsFiles | None = None,
         stream_limits: Mapping[str, StreamLimits] | None = None,
+        public_encoding: Encoding = "json",
     ) -> Bus:
         """Connect as service ``name``; reconnects forever once connected.
 
@@ -123,7 +131,8 @@ class Bus:
         verifies the server against a CA and may present a client certificate; with it, a
         server that does not require TLS is refused. ``replicas``, ``duplicate_window`` and
         ``stream_limits`` (by stream name, docs/configuration.md ``nats.streams``) apply to the
-        streams this bus creates.
+        streams this bus creates. ``public_encoding`` (docs/configuration.md
+        ``nats.publicEncoding``) is how :meth:`publish` encodes the public messages.
         """
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {replicas}")
@@ -150,6 +159,7 @@ class Bus:
             tracer_provider=tracer_provider,
             state=state,
             stream_limits=stream_limits,
+            public_encoding=public_encoding,
         )
 
     # -------------------------------------------------------------- state
@@ -437,6 +447,10 @@ class Bus:
         TTLs such as ``RESPAWN_OBSERVATIONS``): the server removes the message that long after
         storing it. Give it to tombstones, so a deleted object's subject goes away.
 
+        A public message (``message.PUBLIC``) is encoded as :attr:`public_encoding` says, with
+        the headers that tell how (``content-type``, and the CloudEvents ``ce-*``); any other is
+        msgpack.
+
         :class:`~shared.bus.PermanentPublishError` (with a ``reason``) at once when this message
         can never be published: larger than the server's ``max_payload``, an invalid subject, a
         permission violation, or refused for good by JetStream. Dead-letter what it was about
@@ -457,6 +471,7 @@ class Bus:
             max_payload=self.max_payload,
             state=self._state,
             restore_stream=self._restore_for,
+            encoding=self.public_encoding if message.PUBLIC else "msgpack",
         )
 
     async def _send(

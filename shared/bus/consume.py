@@ -483,7 +483,7 @@ class Consumer(Generic[M]):
                 self._m_acked.inc()
             return Outcome.DONE
         try:
-            message = decode(self._cls, msg.data)
+            message = decode(self._cls, msg.data, headers)
         except InvalidMessage as exc:
             reason = DL_UNSUPPORTED_VERSION if isinstance(exc, UnsupportedSchemaVersion) else DL_INVALID
             return await self._give_up(msg, md, reason, str(exc))

@@ -35,7 +35,7 @@ from shared.bus.backoff import backoff
 from shared.bus.connection import ConnectionState
 from shared.bus.errors import INVALID_SUBJECT, PERMISSION, REJECTED, TOO_LARGE, PermanentPublishError
 from shared.bus.headers import MSG_ID_HEADER, TTL_HEADER, subject_problem, ttl_value, wire_size
-from shared.messages import SCHEMA_HEADER, Message
+from shared.messages import SCHEMA_HEADER, Encoding, Message, encode
 from shared.telemetry import inject_headers
 
 # Raised while a server restarts or a leader moves; worth retrying a publish for.
@@ -112,11 +112,13 @@ async def publish(
     max_payload: int = 0,
     state: ConnectionState | None = None,
     restore_stream: RestoreStream | None = None,
+    encoding: Encoding = "msgpack",
 ) -> Published:
     """See :meth:`shared.bus.Bus.publish`."""
     msg_id = msg_id or uuid.uuid4().hex
-    payload = message.encode()
+    payload, encoding_headers = encode(message, encoding, msg_id=msg_id, source=service)
     all_headers: dict[str, str] = dict(headers or {})
+    all_headers.update(encoding_headers)
     all_headers[MSG_ID_HEADER] = msg_id
     all_headers[SCHEMA_HEADER] = message.schema_id()
     if ttl is not None:

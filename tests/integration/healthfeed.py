@@ -99,7 +99,7 @@ async def verdicts(bus: Bus, namespace: str) -> dict[str, list[Verdict]]:
     total = sum((info.state.subjects or {}).values())
     found: dict[str, list[Verdict]] = {}
     for msg in await read_all(bus, subjects.VERDICTS_STREAM, subjects.verdict_filter(namespace), total):
-        verdict = decode(Verdict, msg.data)
+        verdict = decode(Verdict, msg.data, msg.headers)
         found.setdefault(verdict.ref.name, []).append(verdict)
     return found
 

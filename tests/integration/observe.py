@@ -34,7 +34,7 @@ class Observer:
             raw = await self.nc.jetstream().get_last_msg(stream, subject)
         except NotFoundError:
             return None
-        return decode(cls, raw.data)
+        return decode(cls, raw.data, raw.headers)
 
     async def wait_last(
         self, stream: str, subject: str, cls: type[M], check: Callable[[M], bool], *, within: float = 30
@@ -61,6 +61,6 @@ class Observer:
                     msg = await sub.next_msg(timeout=1.0)
                 except TimeoutError:
                     return out
-                out.append(decode(cls, msg.data))
+                out.append(decode(cls, msg.data, msg.headers))
         finally:
             await sub.unsubscribe()

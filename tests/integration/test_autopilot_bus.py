@@ -110,7 +110,9 @@ async def wire(bus: Bus) -> AsyncIterator[Wire]:
     tap = Wire(bus)
 
     async def keep(msg: Any) -> None:
-        tap.seen.append(((msg.headers or {}).get(MSG_ID_HEADER, ""), decode(NodeVerdict, msg.data)))
+        tap.seen.append(
+            ((msg.headers or {}).get(MSG_ID_HEADER, ""), decode(NodeVerdict, msg.data, msg.headers))
+        )
 
     sub = await bus.nc.subscribe(subjects.node_verdict_filter(), cb=keep)
     try:
@@ -122,7 +124,7 @@ async def wire(bus: Bus) -> AsyncIterator[Wire]:
 async def stored(bus: Bus, resource: str = GPU) -> tuple[str, NodeVerdict]:
     """The verdict JetStream holds for ``resource`` (the stream keeps the last one), with its id."""
     msg = await bus.js.get_last_msg(subjects.NODE_VERDICTS_STREAM, subjects.node_verdict(resource))
-    return (msg.headers or {}).get(MSG_ID_HEADER, ""), decode(NodeVerdict, msg.data)
+    return (msg.headers or {}).get(MSG_ID_HEADER, ""), decode(NodeVerdict, msg.data, msg.headers)
 
 
 async def stored_count(bus: Bus) -> int:

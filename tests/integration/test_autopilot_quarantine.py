@@ -87,7 +87,7 @@ async def stored(bus: Bus) -> NodeVerdict | None:
         )
     except Exception:
         return None
-    return decode(NodeVerdict, msg.data)
+    return decode(NodeVerdict, msg.data, msg.headers)
 
 
 async def quarantined(bus: Bus) -> tuple[str, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -36,8 +37,8 @@ from shared.bus import (
     TransientError,
     default_streams,
 )
-from shared.messages import SCHEMA_HEADER, ObjectRef, Verdict
-from tests.nats_fixtures import dead_letters
+from shared.messages import SCHEMA_HEADER, NodeObservation, ObjectRef, Verdict
+from tests.nats_fixtures import dead_letters, read_all
 from tests.waiting import until
 
 pytestmark = pytest.mark.nats
@@ -151,6 +152,61 @@ async def test_publish_deduplicates_by_msg_id_and_sets_headers(bus: Bus) -> None
     assert stored.headers["traceparent"].split("-")[1] == format(span.get_span_context().trace_id, "032x")
     info = await bus.js.stream_info(subjects.VERDICTS_STREAM, subjects_filter=subject)
     assert info.state.subjects == {subject: 1}
+
+
+async def test_public_messages_go_in_the_configured_encoding_and_a_mixed_stream_reads_whole(
+    bus: Bus, nats_url: str
+) -> None:
+    ns = f"enc{uid()}"
+    subject = subjects.verdict(ns, "aw")
+    buses = {"json": bus}
+    for encoding in ("cloudevents", "msgpack"):
+        buses[encoding] = await Bus.connect(
+            nats_url, name=f"test-{encoding}-{uid()}", public_encoding=encoding
+        )
+    try:
+        for seq, b in enumerate(buses.values(), start=1):
+            await b.publish(subject, verdict("aw", seq=seq), msg_id=f"{ns}-{seq}")
+        # An observation is internal: msgpack whatever the public encoding.
+        obs_subject = subjects.node_obs(f"n-{ns}")
+        await buses["cloudevents"].publish(
+            obs_subject,
+            NodeObservation(name=f"n-{ns}", observed_at=datetime(2025, 1, 1, tzinfo=UTC)),
+            msg_id=None,
+        )
+    finally:
+        for encoding in ("cloudevents", "msgpack"):
+            await buses[encoding].close()
+    stored = await read_all(bus, subjects.VERDICTS_STREAM, subject, 3)
+    as_json, as_cloudevent, as_msgpack = stored
+    assert as_json.headers["content-type"] == "application/json"
+    assert not any(k.startswith("ce-") for k in as_json.headers)
+    assert json.loads(as_json.data)["seq"] == 1
+    assert as_cloudevent.headers["content-type"] == "application/json"
+    assert {k: v for k, v in as_cloudevent.headers.items() if k.startswith("ce-")} == {
+        "ce-specversion": "1.0",
+        "ce-id": f"{ns}-2",
+        "ce-type": "dev.respawn.verdict.v1",
+        "ce-source": buses["cloudevents"].service,
+        "ce-subject": "ns/aw",
+        "ce-time": "2025-01-01T00:00:00Z",
+    }
+    assert json.loads(as_cloudevent.data)["seq"] == 2
+    assert "content-type" not in as_msgpack.headers
+    assert msgpack.unpackb(as_msgpack.data)["seq"] == 3
+    [obs] = await read_all(bus, subjects.OBSERVATIONS_STREAM, obs_subject, 1)
+    assert "content-type" not in obs.headers and msgpack.unpackb(obs.data)["name"] == f"n-{ns}"
+
+    # One consumer reads all three, each by its header.
+    seen: list[int] = []
+
+    async def handler(msg: Verdict, delivery: Delivery) -> None:
+        seen.append(msg.seq)
+
+    consumer = await bus.consume(subjects.VERDICTS_STREAM, f"t_{uid()}", subject, Verdict, handler)
+    await eventually(lambda: len(seen) == 3, what="all three verdicts handled")
+    assert seen == [1, 2, 3]
+    await consumer.stop()
 
 
 # ------------------------------------------------------------------ consume

@@ -990,7 +990,7 @@ async def published_for(auth: AuthNats, stream: str, subject: str, cls: type[Mes
                     msg = await osub.next_msg(timeout=1.0)
                 except TimeoutError:
                     return out
-                out.append(decode(cls, msg.data))
+                out.append(decode(cls, msg.data, msg.headers))
         finally:
             await osub.unsubscribe()
 

@@ -128,7 +128,7 @@ class VerdictFeed:
             # The next verdict, if one comes within a second, then a summary of all seen so far.
             with contextlib.suppress(TimeoutError):
                 msg = await self.sub.next_msg(timeout=1.0)
-                self.seen.append(decode(Verdict, msg.data))
+                self.seen.append(decode(Verdict, msg.data, msg.headers))
             return [(v.seq, v.state, v.reason, v.message) for v in self.seen]
 
         if not any(check(v) for v in self.seen):

@@ -720,19 +720,22 @@ async def test_a_reader_reads_its_mirrors_with_any_consumer_of_its_own(mirrored:
         js = reader.js
         # An ordered replay, as `respawn tail` does it (its own code).
         [got] = await tail.read_all(reader.nc, subjects.LIFECYCLE_STREAM, l_subject)
-        assert decode(LifecycleEvent, got.data) == l_message
+        assert decode(LifecycleEvent, got.data, got.headers) == l_message
+        # The mirror keeps the headers: the payload is JSON, as published, and says so.
+        assert got.headers["content-type"] == "application/json"
+        assert json.loads(got.data)["event"] == l_message.event
         # A durable pull consumer with explicit acks, in its own account.
         durable = unique("dashboard")
         psub = await js.pull_subscribe(v_subject, durable=durable, stream=subjects.VERDICTS_STREAM)
         (msg,) = await psub.fetch(1, timeout=5)
-        assert decode(Verdict, msg.data) == v_message
+        assert decode(Verdict, msg.data, msg.headers) == v_message
         await msg.ack_sync(timeout=5)
         info = await js.consumer_info(subjects.VERDICTS_STREAM, durable)
         assert info.ack_floor.stream_seq == msg.metadata.sequence.stream
         await js.delete_consumer(subjects.VERDICTS_STREAM, durable)
         # A direct read of the last verdict.
         last = await js.get_last_msg(subjects.VERDICTS_STREAM, v_subject)
-        assert decode(Verdict, last.data) == v_message
+        assert decode(Verdict, last.data, last.headers) == v_message
         # Its account holds its mirrors and nothing else; Respawn's consumers are not there.
         names = await reader.api("$JS.API.STREAM.NAMES")
         assert sorted(names["streams"]) == sorted(natsauth.PUBLIC_STREAMS)
@@ -905,7 +908,7 @@ async def test_a_reader_may_rebuild_its_mirror_with_the_whole_history(mirrored: 
     await until("the rebuilt mirror to hold the earlier event", copied, within=10)
     async with client(mirrored, READER) as reader:
         [got] = await tail.read_all(reader.nc, subjects.LIFECYCLE_STREAM, l_subject)
-        assert decode(LifecycleEvent, got.data) == l_message
+        assert decode(LifecycleEvent, got.data, got.headers) == l_message
 
 
 async def test_mirrors_made_before_respawns_streams_exist_fill_once_they_do(fresh_nats: AuthNats) -> None:
@@ -997,6 +1000,39 @@ async def test_respawn_explain_and_tail_work_for_the_documented_reader(mirrored:
     assert code == 1
     assert err.startswith("error: NATS user watcher may not list the streams of its account (")
     assert "$js.api.stream.names" in err.lower() and len(err.strip().splitlines()) == 1, err
+
+
+async def test_the_example_consumer_works_for_the_documented_reader(mirrored: AuthNats) -> None:
+    (_, v_message), _ = await publish_public(mirrored)
+    ns = v_message.ref.namespace
+    env = {
+        **os.environ,
+        "NATS_USER": READER,
+        "NATS_PASSWORD": mirrored.passwords[READER],
+        "NATS_INBOX_PREFIX": natsauth.inbox_prefix(READER),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(REPO / "examples" / "consume.py"),
+        "--url",
+        mirrored.url,
+        "--namespace",
+        ns,
+        "--appwrapper",
+        v_message.ref.name,
+        "--count",
+        "2",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    who = f"{ns}/{v_message.ref.name}"
+    assert sorted(out.decode().splitlines()) == [
+        f"lifecycle {who} PhaseChanged - -> Running attempt=0",
+        f"verdict {who} Healthy - seq=0",
+    ]
 
 
 async def test_explain_names_a_user_that_may_not_read_the_streams(auth_nats: AuthNats) -> None:

@@ -73,7 +73,7 @@ async def drain(verdicts: VerdictFeed) -> list[Verdict]:
     with contextlib.suppress(TimeoutError):
         while True:
             msg = await verdicts.sub.next_msg(timeout=0.2)
-            verdicts.seen.append(decode(Verdict, msg.data))
+            verdicts.seen.append(decode(Verdict, msg.data, msg.headers))
     return verdicts.seen
 
 

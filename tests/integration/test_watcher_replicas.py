@@ -136,7 +136,7 @@ async def stored(js: Any, namespace: str) -> dict[str, Observation]:
             raw = await js.get_last_msg(OBS, subject)
         except NotFoundError:  # a tombstone expired meanwhile
             continue
-        out[subject] = cast(Observation, decode(AnyObservation, raw.data))
+        out[subject] = cast(Observation, decode(AnyObservation, raw.data, raw.headers))
     return out
 
 

@@ -257,7 +257,8 @@ def test_every_leaf_key_has_an_environment_variable() -> None:
     assert names["RESPAWN_HEALTH_CRASH_LOOP_BACK_OFF"] == "health.crashLoopBackOff"
     assert names["RESPAWN_NODE_QUARANTINE_MAX_SHARE"] == "nodeQuarantine.maxShare"
     assert len([n for n in names if not n.startswith("RESPAWN_NATS_")]) == 49
-    assert len([n for n in names if n.startswith("RESPAWN_NATS_")]) == 27
+    assert names["RESPAWN_NATS_PUBLIC_ENCODING"] == "nats.publicEncoding"
+    assert len([n for n in names if n.startswith("RESPAWN_NATS_")]) == 28
     assert len(set(names.values())) == len(names)
 
 
@@ -459,6 +460,8 @@ def test_nats_defaults_have_no_tls_and_no_credential_files() -> None:
     assert nats.tls.to_files() is None
     assert (nats.creds_file, nats.nkey_seed_file) == (None, None)
     assert nats.tombstone_ttl == timedelta(hours=24)
+    # JSON, so that `nats consumer next` on a public stream prints what it reads.
+    assert nats.public_encoding == "json"
 
 
 def test_nats_tls_credentials_and_limits_from_file_and_environment(tmp_path: Path) -> None:
@@ -469,6 +472,7 @@ nats:
   credsFile: /etc/nats/respawn.creds
   tls: {caFile: /etc/nats/ca.crt, certFile: /etc/nats/tls.crt, keyFile: /etc/nats/tls.key}
   tombstoneTTL: 2h
+  publicEncoding: cloudevents
   streams:
     observations: {maxBytes: 4GiB}
     verdicts: {maxMsgsPerSubject: 16, maxAge: 168h}
@@ -491,6 +495,7 @@ nats:
     )
     assert config.creds_file == Path("/etc/nats/respawn.creds")
     assert config.tombstone_ttl == timedelta(hours=2)
+    assert config.public_encoding == "cloudevents"
     limits = config.streams.by_stream()
     assert limits["RESPAWN_OBSERVATIONS"].max_bytes == 4 * 1024**3
     assert limits["RESPAWN_OBSERVATIONS"].max_msgs == 1_000_000  # the rest keep the stream's defaults
@@ -508,6 +513,10 @@ nats:
             "nats: set credsFile or nkeySeedFile, not both",
         ),
         ({"RESPAWN_NATS_TOMBSTONE_TTL": "500ms"}, "nats.tombstoneTTL: must be at least 1s"),
+        (
+            {"RESPAWN_NATS_PUBLIC_ENCODING": "xml"},
+            "nats.publicEncoding: Input should be 'json', 'cloudevents' or 'msgpack'",
+        ),
         (
             {"RESPAWN_NATS_STREAMS_LIFECYCLE_MAX_AGE": "-1h"},
             "nats.streams.lifecycle.maxAge: must not be negative",

@@ -45,3 +45,15 @@ def test_every_field_is_documented(model: type) -> None:
         if f"`{name}`" not in (DOC if name in common else text)
     ]
     assert missing == [], f"{model.__name__} fields not in docs/messages.md: {missing}"
+
+
+def test_every_encoding_and_cloudevents_header_is_documented() -> None:
+    from shared.messages import ENCODINGS, ObjectRef, Verdict, encode
+
+    table = DOC.split("## Encodings", 1)[1].split("\n\n", 3)[2]
+    assert [e for e in ENCODINGS if f"| `{e}` |" not in table] == []
+    verdict = Verdict(
+        ref=ObjectRef(namespace="n", name="a"), state="Healthy", decided_at="2025-01-01T00:00:00Z"
+    )
+    _, headers = encode(verdict, "cloudevents", msg_id="i", source="s")
+    assert [h for h in headers if f"| `{h}` |" not in DOC] == []
