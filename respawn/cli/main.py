@@ -41,6 +41,9 @@ app.add_typer(local_app, name="local")
 for _command in (status, tail, explain):
     _command.register(app, output_version=CLI_OUTPUT_VERSION)
 
+# The line width -o wide tables are laid out for: wider than any row, so no cell is folded.
+WIDE_WIDTH = 10_000
+
 StateDir = typer.Option(
     Path(".respawn"), "--state-dir", help="Where the testbed keeps its state, logs and kubeconfig."
 )
@@ -314,7 +317,8 @@ def local_status(
             log = state.state_dir / "logs" / f"{name}.log"
             cells.append(str(log) if log.exists() else "")
         table.add_row(*cells)
-    console = Console()
+    # Wide rows are never folded to the terminal's width: they are for reading whole, or for grep.
+    console = Console(width=WIDE_WIDTH) if wide else Console()
     console.print(table)
     if (node := _real_node(state)) is not None:
         console.print(

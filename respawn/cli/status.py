@@ -438,7 +438,10 @@ def register(app: typer.Typer, *, output_version: str) -> None:
             emit(doc, fmt)
             return
         if rows:
-            Console(soft_wrap=True).print(status_table(rows, now, wide=fmt is Format.WIDE))
+            wide = fmt is Format.WIDE
+            # Wide rows are never folded to the terminal's width: they are for reading whole.
+            console = Console(soft_wrap=True, width=10_000 if wide else None)
+            console.print(status_table(rows, now, wide=wide))
         else:
             typer.echo(f"No AppWrappers in {choice.describe()}.", err=True)
         if quarantine:
