@@ -94,9 +94,11 @@ def status_row(
     unhealthy = fields.condition(ConditionType.UNHEALTHY)
     times = [t for t in (parse_kube_time(c.get("lastTransitionTime")) for c in fields.conditions) if t]
     effective = effective_fault_tolerance(fields.annotations, defaults)
-    # An annotation that is not a valid limit is ignored (with a warning naming it).
-    annotated = RETRY_LIMIT_ANNOTATION in fields.annotations and not any(
-        RETRY_LIMIT_ANNOTATION in w for w in effective.warnings
+    # The limit is the annotation's (as given, or clamped) unless it follows the default: a
+    # malformed annotation is ignored. Asked with another default, the answer tells which.
+    other = dataclasses.replace(defaults, retry_limit=defaults.retry_limit + 1)
+    annotated = RETRY_LIMIT_ANNOTATION in fields.annotations and (
+        effective_fault_tolerance(fields.annotations, other).ft.retry_limit == effective.ft.retry_limit
     )
     return StatusRow(
         namespace=fields.namespace,

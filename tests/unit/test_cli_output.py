@@ -195,6 +195,20 @@ def test_status_reads_the_contexts_namespace_unless_told_otherwise(tmp_path: Pat
     assert loaded == [("team-a", None), (None, None), ("x", None), ("team-a", "one"), ("x", "one")]
 
 
+def test_a_rows_limit_is_the_annotations_when_it_is_used_else_the_defaults_source() -> None:
+    from shared.faulttolerance import FaultTolerance
+
+    def row(value: str | None) -> tuple[int, str]:
+        annotations = {RETRY_LIMIT_ANNOTATION: value} if value is not None else {}
+        r = status.status_row(manifests.appwrapper("a", annotations=annotations), FaultTolerance(), "cluster")
+        return r.retry_limit, r.retry_limit_source
+
+    assert row("5") == (5, "annotation")
+    assert row("3") == (3, "annotation")  # the same as the default, and still the annotation's
+    assert row("x") == (3, "cluster")  # malformed: ignored
+    assert row(None) == (3, "cluster")
+
+
 # ------------------------------------------------------------------------------------ the rest
 
 
