@@ -17,13 +17,18 @@ ARG SOURCE_DATE_EPOCH
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/respawn
 WORKDIR /src
+# The exact versions of requirements.lock (`make lock`), each checked against its hash, so that
+# two builds install the same files whatever PyPI has published since. Only the services'
+# dependencies (the CLI and testbed ones are in the `tools` extra), and the build backend.
+COPY requirements.lock ./
+RUN /opt/respawn/bin/pip install --require-hashes --no-deps -r requirements.lock
 # Only what the package is built from (see .dockerignore): a change to tests or docs does not
-# invalidate the install layer.
+# invalidate the install layer. Respawn's own package resolves nothing more (--no-deps: the lock
+# holds it all) and is built with the locked setuptools, not one fetched for an isolated build.
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
-# No extras: the image gets the services' dependencies only (the CLI and testbed ones are in `tools`).
-RUN /opt/respawn/bin/pip install .
+RUN /opt/respawn/bin/pip install --no-deps --no-build-isolation --no-index .
 
 FROM ${PYTHON_IMAGE}
 # A fixed numeric id, so Kubernetes can verify runAsNonRoot without a passwd lookup.

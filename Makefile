@@ -6,16 +6,25 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration binaries images release venv down clean
+.PHONY: demo test lint unit integration binaries images release venv lock down clean
 
-$(STAMP): pyproject.toml
+# The services' dependencies at the versions the image has (requirements.lock), then the rest.
+$(STAMP): pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=python3.x'"; exit 1; }
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --require-hashes --no-deps -r requirements.lock
 	$(BIN)/pip install --quiet -e '.[test]'
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+# requirements.lock again, after a change to the dependencies in pyproject.toml: the versions
+# already locked stay where they still satisfy it (`UV=/path/to/uv`; `pip install uv` gives one).
+UV ?= uv
+lock:
+	$(UV) pip compile pyproject.toml tools/lock/build-system.in --universal --generate-hashes \
+	  --python-version 3.11 --annotation-style line --custom-compile-command "make lock" -o requirements.lock
 
 binaries:
 	@tools/k8sbins/build.sh >/dev/null

@@ -144,6 +144,10 @@ def install_yaml(text: str, release: Versions) -> str:
         "#   install or upgrade:  kubectl apply --server-side -f install.yaml\n"
         f"#   uninstall (keeps the CRD and every AppWrapper):  kubectl delete -f install.yaml "
         f"-l '{UNINSTALL_SELECTOR}'\n"
+        # Said here because the plain `kubectl delete -f install.yaml` is what people type.
+        "# WARNING: deleting the AppWrapper CRD (kubectl delete -f install.yaml without -l) deletes\n"
+        "#   every AppWrapper in the cluster and, through their owner references, every resource\n"
+        "#   they created.\n"
         "# Images: "
         + ", ".join(f"{image} ({archive})" for image, archive in release.images.items())
         + "; docs/deploy.md.\n"

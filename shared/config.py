@@ -60,6 +60,7 @@ __all__ = [
     "NodeQuarantineConfig",
     "OperatorConfig",
     "ResourceTaint",
+    "config_from_text",
     "env_var_names",
     "load_config",
 ]
@@ -749,14 +750,18 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"configuration file {path} does not exist") from None
     except OSError as exc:
         raise ConfigError(f"cannot read configuration file {path}: {exc.strerror}") from None
+    return _parse(text, f"configuration file {path}")
+
+
+def _parse(text: str, what: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"configuration file {path} is not valid YAML: {exc}") from None
+        raise ConfigError(f"{what} is not valid YAML: {exc}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"configuration file {path} must hold a mapping of keys, not {type(data).__name__}")
+        raise ConfigError(f"{what} must hold a mapping of keys, not {type(data).__name__}")
     return data
 
 
@@ -770,11 +775,22 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
     if path is None and environ.get(CONFIG_ENV):
         path = Path(environ[CONFIG_ENV])
     data = _read_file(path) if path is not None else {}
+    return _validate(data, environ, f" (file {path})" if path is not None else "")
+
+
+def config_from_text(text: str | None, env: Mapping[str, str], source: str) -> OperatorConfig:
+    """The configuration a service loads from a file holding ``text`` (None: no file) with the
+    environment ``env``: what a Deployment gives it from its ConfigMaps. ``source`` names where
+    the text came from, in errors. Raises :class:`ConfigError`."""
+    data = _parse(text, source) if text is not None else {}
+    return _validate(data, env, f" ({source})")
+
+
+def _validate(data: dict[str, Any], environ: Mapping[str, str], source: str) -> OperatorConfig:
     overrides = _env_overrides(environ)
     data = _merge(data, overrides)
     from_env = {path: env for env, path in _ENV_TO_PATH.items() if env in environ}
     try:
         return OperatorConfig.model_validate(data)
     except ValidationError as exc:
-        source = f" (file {path})" if path is not None else ""
         raise ConfigError(f"invalid configuration{source}: {_describe(exc, from_env)}") from None

@@ -21,6 +21,19 @@ from typing import Any, Final, Literal
 
 import typer
 
+from respawn.cli.output import (
+    EXIT_NOT_FOUND,
+    EXIT_UNAVAILABLE,
+    CliError,
+    UsageError,
+    default_namespace,
+    emit,
+    fail,
+    json_flag,
+    namespace_options,
+    output_option,
+    resolve_output,
+)
 from respawn.cli.tail import (
     NatsUnavailable,
     StoredMessage,
@@ -611,32 +624,60 @@ async def _explain(url: str | None, namespace: str, name: str) -> Records:
             await nc.close()
 
 
+def resolve_target(target: str, namespace: str | None, default: str) -> tuple[str, str]:
+    """``NS/NAME``, or ``NAME`` in ``-n``'s namespace (else ``default``, the context's), as kubectl
+    names an object; :class:`UsageError` if neither, or if the two namespaces disagree."""
+    if "/" not in target:
+        if not target:
+            raise UsageError("expected NAME or NS/NAME, got ''")
+        return namespace or default, target
+    try:
+        ns, name = parse_target(target)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if namespace and namespace != ns:
+        raise UsageError(f"{target} is in namespace {ns}, not {namespace} (-n)")
+    return ns, name
+
+
 def register(app: typer.Typer, *, output_version: str) -> None:
+    namespace_option, _ = namespace_options()
+
     @app.command("explain")
     def explain(
-        target: str = typer.Argument(..., metavar="NS/NAME", help="The AppWrapper, as namespace/name."),
-        as_json: bool = typer.Option(False, "--json", help="Print the explanation as JSON."),
+        target: str = typer.Argument(
+            ..., metavar="NAME|NS/NAME", help="The AppWrapper: NS/NAME, or NAME with -n (else the context's)."
+        ),
+        namespace: str | None = namespace_option,
+        output: str | None = output_option(),
+        as_json: bool = json_flag(),
         nats_url: str | None = typer.Option(None, "--nats-url", envvar="NATS_URL", show_envvar=True),
+        kubeconfig: str | None = typer.Option(
+            None,
+            "--kubeconfig",
+            envvar="KUBECONFIG",
+            show_envvar=True,
+            help="Only for the default namespace of NAME: its current context's.",
+        ),
     ) -> None:
         """The incident timeline of one AppWrapper: observations, verdicts, resets, durations, traces."""
         try:
-            namespace, name = parse_target(target)
-        except ValueError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from None
+            fmt = resolve_output(output, as_json)
+            default = "" if "/" in target or namespace else default_namespace(kubeconfig)
+            namespace, name = resolve_target(target, namespace, default)
+        except CliError as exc:
+            fail(exc)
         try:
             records = asyncio.run(_explain(nats_url, namespace, name))
         except NatsUnavailable as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
+            fail(str(exc), EXIT_UNAVAILABLE)
         left_out = unreadable_note(records.unreadable)
         if records.empty:
-            typer.echo(
-                f"error: unknown AppWrapper {namespace}/{name}: Respawn has no observations, verdicts "
+            fail(
+                f"unknown AppWrapper {namespace}/{name}: Respawn has no observations, verdicts "
                 "or lifecycle events for it" + (f" ({left_out})" if left_out else ""),
-                err=True,
+                EXIT_NOT_FOUND,
             )
-            raise typer.Exit(1)
         if left_out:
             # Not an error: an outside reader sees verdicts and lifecycle events, not the internal
             # observations, and the incidents are read off what it does see.
@@ -646,9 +687,7 @@ def register(app: typer.Typer, *, output_version: str) -> None:
         timeline = records.timeline()
         incidents = find_incidents(timeline)
         current = current_state(o for o, _ in records.observations)
-        if as_json:
-            typer.echo(
-                json.dumps(explain_json(namespace, name, timeline, incidents, current, output_version))
-            )
+        if fmt.document:
+            emit(explain_json(namespace, name, timeline, incidents, current, output_version), fmt)
         else:
             typer.echo(render_explain(namespace, name, timeline, incidents, current))

@@ -1,39 +1,93 @@
 """The `respawn` command line (typer): local testbed, services, demo.
 
-Output meant for other programs (``--json``) is versioned: see docs/cli.md.
+Output meant for other programs (``-o json|yaml``) is versioned, and the exit codes have one
+meaning across commands: see docs/cli.md.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
 from respawn.cli import explain, status, tail
+from respawn.cli.output import (
+    CLI_OUTPUT_VERSION,
+    EXIT_FAILURE,
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+    Format,
+    UsageError,
+    emit,
+    fail,
+    json_flag,
+    output_option,
+    resolve_output,
+)
 from respawn.testbed.errors import TestbedError
 from respawn.testbed.services import MAX_REPLICAS, SERVICES, parse_replicas, replica_table, service_of
 
 if TYPE_CHECKING:
     from respawn.testbed import cluster
 
-app = typer.Typer(
-    no_args_is_help=True, add_completion=False, help="Respawn: fault tolerance for AppWrappers."
-)
+# add_completion: --install-completion and --show-completion (bash, zsh, fish, PowerShell).
+app = typer.Typer(no_args_is_help=True, add_completion=True, help="Respawn: fault tolerance for AppWrappers.")
 local_app = typer.Typer(
     no_args_is_help=True, help="The local testbed (Kubernetes control plane + NATS, no Docker)."
 )
 app.add_typer(local_app, name="local")
 
-CLI_OUTPUT_VERSION = "respawn.cli/v1"
-
 for _command in (status, tail, explain):
     _command.register(app, output_version=CLI_OUTPUT_VERSION)
+
+# The line width -o wide tables are laid out for: wider than any row, so no cell is folded.
+WIDE_WIDTH = 10_000
 
 StateDir = typer.Option(
     Path(".respawn"), "--state-dir", help="Where the testbed keeps its state, logs and kubeconfig."
 )
+
+
+def version() -> str:
+    """This installation's version (the package's metadata), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("respawn")
+    except PackageNotFoundError:
+        import tomllib
+
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        return str(tomllib.loads(pyproject.read_text())["project"]["version"])
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"respawn {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(
+        False,
+        "--version",
+        is_eager=True,
+        callback=_print_version,
+        help="Print the version and exit.",
+    ),
+) -> None:
+    """Respawn: fault tolerance for AppWrappers."""
+
+
+def _format(output: str | None, as_json: bool) -> Format:
+    """``-o`` and the deprecated ``--json``; a usage error exits 2."""
+    try:
+        return resolve_output(output, as_json)
+    except UsageError as exc:
+        fail(exc)
 
 
 def _say(msg: str) -> None:
@@ -50,12 +104,11 @@ def _replicas(value: str | None, *, no_services: bool) -> dict[str, int] | None:
         return parse_replicas(value)
     except ValueError as exc:
         typer.echo(f"error: --replicas: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_USAGE) from None
 
 
-def _fail(exc: Exception) -> None:
-    typer.echo(f"error: {exc}", err=True)
-    raise typer.Exit(1)
+def _fail(exc: Exception, code: int = EXIT_FAILURE) -> None:
+    fail(str(exc), code)
 
 
 @local_app.command("up")
@@ -65,7 +118,8 @@ def local_up(
     no_services: bool = typer.Option(
         False, "--no-services", help="Start the bare testbed without Respawn's services."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print the testbed's endpoints as JSON."),
+    output: str | None = output_option(),
+    as_json: bool = json_flag(),
     api_port: int | None = typer.Option(
         None, "--api-port", help="Fixed kube-apiserver port (default: a free one)."
     ),
@@ -98,6 +152,7 @@ def local_up(
     """Start the testbed on 127.0.0.1 and return once everything is ready."""
     from respawn.testbed import cluster, services
 
+    fmt = _format(output, as_json)
     counts = _replicas(replicas, no_services=no_services)
     fixed = {k: v for k, v in {"apiserver": api_port, "nats": nats_port}.items() if v}
     try:
@@ -122,8 +177,8 @@ def local_up(
         "replicas": replica_table(state),
         "realNode": _real_node(state),
     }
-    if as_json:
-        typer.echo(json.dumps(info))
+    if fmt.document:
+        emit(info, fmt)
     else:
         typer.echo(f"export KUBECONFIG={state.kubeconfig}")
         typer.echo(f"export NATS_URL={state.nats_url}")
@@ -150,19 +205,22 @@ def _real_node(state: cluster.State) -> dict[str, object] | None:
 def local_deploy(
     state_dir: Path = StateDir,
     timeout: float = typer.Option(300, "--timeout", min=10, help="Seconds to wait for every pod Ready."),
-    as_json: bool = typer.Option(False, "--json", help="Print the images and timings as JSON."),
+    output: str | None = output_option(),
+    as_json: bool = json_flag(),
 ) -> None:
     """Deploy Respawn from deploy/overlays/testbed onto the testbed's real node, as pods of its
     own image; returns once every pod is Ready. Needs `local up --real-node` (and, to avoid two
     controllers, `--no-services`)."""
     from respawn.testbed import cluster, incluster
 
+    fmt = _format(output, as_json)
     state = cluster.State.load(state_dir.resolve())
     if state is None:
         _fail(
             TestbedError(
                 f"no testbed running in {state_dir}; run 'respawn local up --real-node --no-services'"
-            )
+            ),
+            EXIT_NOT_FOUND,
         )
         return
     try:
@@ -170,19 +228,18 @@ def local_deploy(
     except TestbedError as exc:
         _fail(exc)
         return
-    if as_json:
-        typer.echo(
-            json.dumps(
-                {
-                    "version": CLI_OUTPUT_VERSION,
-                    "namespace": incluster.NAMESPACE,
-                    "images": {
-                        k: {"name": v.name, "digest": v.digest} for k, v in sorted(rollout.images.items())
-                    },
-                    "importSeconds": round(rollout.import_seconds, 2),
-                    "readySeconds": round(rollout.ready_seconds, 2),
-                }
-            )
+    if fmt.document:
+        emit(
+            {
+                "version": CLI_OUTPUT_VERSION,
+                "namespace": incluster.NAMESPACE,
+                "images": {
+                    k: {"name": v.name, "digest": v.digest} for k, v in sorted(rollout.images.items())
+                },
+                "importSeconds": round(rollout.import_seconds, 2),
+                "readySeconds": round(rollout.ready_seconds, 2),
+            },
+            fmt,
         )
     else:
         seconds = rollout.ready_seconds
@@ -196,7 +253,7 @@ def local_undeploy(state_dir: Path = StateDir) -> None:
 
     state = cluster.State.load(state_dir.resolve())
     if state is None:
-        _fail(TestbedError(f"no testbed running in {state_dir}"))
+        _fail(TestbedError(f"no testbed running in {state_dir}"), EXIT_NOT_FOUND)
         return
     try:
         incluster.undeploy(state, log=_say)
@@ -218,43 +275,50 @@ def local_down(state_dir: Path = StateDir) -> None:
 
 
 @local_app.command("status")
-def local_status(state_dir: Path = StateDir, as_json: bool = typer.Option(False, "--json")) -> None:
+def local_status(
+    state_dir: Path = StateDir, output: str | None = output_option(), as_json: bool = json_flag()
+) -> None:
     """Show which testbed processes are running."""
     from respawn.testbed import cluster
 
+    fmt = _format(output, as_json)
     state = cluster.State.load(state_dir.resolve())
     if state is None:
-        if as_json:
-            typer.echo(
-                json.dumps({"version": CLI_OUTPUT_VERSION, "running": False, "processes": {}, "replicas": {}})
-            )
+        if fmt.document:
+            emit({"version": CLI_OUTPUT_VERSION, "running": False, "processes": {}, "replicas": {}}, fmt)
         else:
             typer.echo(f"no testbed in {state_dir}")
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_NOT_FOUND)
     running = state.running()
-    if as_json:
-        typer.echo(
-            json.dumps(
-                {
-                    "version": CLI_OUTPUT_VERSION,
-                    "running": all(running.values()),
-                    "processes": running,
-                    "replicas": replica_table(state),
-                    "realNode": _real_node(state),
-                }
-            )
+    if fmt.document:
+        emit(
+            {
+                "version": CLI_OUTPUT_VERSION,
+                "running": all(running.values()),
+                "processes": running,
+                "replicas": replica_table(state),
+                "realNode": _real_node(state),
+            },
+            fmt,
         )
         return
     from rich.console import Console
     from rich.table import Table
 
     # Every process, each replica of a service its own row with the port of its probes.
-    table = Table("process", "pid", "probes", "state")
+    # -o wide: where each process logs.
+    wide = fmt is Format.WIDE
+    table = Table("process", "pid", "probes", "state", *(("log",) if wide else ()))
     for name, alive in running.items():
         port = state.ports.get(f"{name}-probes")
         probes = str(port) if port else ""
-        table.add_row(name, str(state.pids[name]), probes, "running" if alive else "stopped")
-    console = Console()
+        cells = [name, str(state.pids[name]), probes, "running" if alive else "stopped"]
+        if wide:
+            log = state.state_dir / "logs" / f"{name}.log"
+            cells.append(str(log) if log.exists() else "")
+        table.add_row(*cells)
+    # Wide rows are never folded to the terminal's width: they are for reading whole, or for grep.
+    console = Console(width=WIDE_WIDTH) if wide else Console()
     console.print(table)
     if (node := _real_node(state)) is not None:
         console.print(
@@ -277,7 +341,7 @@ def run_service(
     # The same entry point as the service's Deployment (`python -m services.<name>`); nothing of
     # the testbed is involved.
     if service not in SERVICES:
-        _fail(ValueError(f"unknown service {service!r}; choose one of {', '.join(SERVICES)}"))
+        _fail(ValueError(f"unknown service {service!r}; choose one of {', '.join(SERVICES)}"), EXIT_USAGE)
     if config is not None:
         os.environ["RESPAWN_CONFIG"] = str(config)
     importlib.import_module(f"services.{service}.__main__").main()

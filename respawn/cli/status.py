@@ -8,7 +8,7 @@ I/O to :func:`fetch_quarantine`.
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,23 +17,38 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-import yaml
 from rich.console import Console
 from rich.table import Table
 
+from respawn.cli.clusterconfig import DEFAULT_RESPAWN_NAMESPACE
+from respawn.cli.output import (
+    CliError,
+    Format,
+    NotFound,
+    Unavailable,
+    context_namespace,
+    emit,
+    fail,
+    namespace_options,
+    output_option,
+    resolve_namespace,
+    resolve_output,
+)
 from shared.appwrapper.constants import GROUP, KIND, PLURAL, VERSION, ConditionType
-from shared.appwrapper.model import mapping_at, read_appwrapper, str_at
-from shared.appwrapper.params import effective_fault_tolerance
+from shared.appwrapper.model import read_appwrapper, str_at
+from shared.appwrapper.params import RETRY_LIMIT_ANNOTATION, effective_fault_tolerance
 from shared.faulttolerance import FaultTolerance
 from shared.kubetime import as_utc, parse_kube_time
 from shared.messages import QuarantinedNode
 
 if TYPE_CHECKING:  # kubernetes_asyncio is slow to import; only `status` itself needs it
+    from respawn.cli.clusterconfig import ConfigSource
     from shared.kube.client import Kube, KubeApiError
 
 __all__ = [
     "CliError",
     "StatusRow",
+    "context_namespace",
     "fetch_appwrappers",
     "fetch_quarantine",
     "format_age",
@@ -51,10 +66,6 @@ __all__ = [
 REQUEST_TIMEOUT = 10.0
 
 
-class CliError(Exception):
-    """A failure to report as one ``error: ...`` line (and exit 1)."""
-
-
 # ------------------------------------------------------------------------------ pure rendering
 
 
@@ -69,27 +80,45 @@ class StatusRow:
     unhealthy_reason: str
     # The newest lastTransitionTime among the conditions (None: no conditions yet).
     last_transition: datetime | None
+    # Where the retry limit comes from: "annotation", else where the operator default was read
+    # ("cluster", "file", "builtin"; clusterconfig.ConfigSource.kind).
+    retry_limit_source: str = "builtin"
 
 
-def status_row(appwrapper: Mapping[str, Any], defaults: FaultTolerance) -> StatusRow:
-    """One AppWrapper's row; ``defaults`` are the operator's, overridden by its annotations."""
+def status_row(
+    appwrapper: Mapping[str, Any], defaults: FaultTolerance, default_source: str = "builtin"
+) -> StatusRow:
+    """One AppWrapper's row; ``defaults`` are the operator's (read from ``default_source``),
+    overridden by its annotations."""
     fields = read_appwrapper(appwrapper)
     unhealthy = fields.condition(ConditionType.UNHEALTHY)
     times = [t for t in (parse_kube_time(c.get("lastTransitionTime")) for c in fields.conditions) if t]
+    effective = effective_fault_tolerance(fields.annotations, defaults)
+    # The limit is the annotation's (as given, or clamped) unless it follows the default: a
+    # malformed annotation is ignored. Asked with another default, the answer tells which.
+    other = dataclasses.replace(defaults, retry_limit=defaults.retry_limit + 1)
+    annotated = RETRY_LIMIT_ANNOTATION in fields.annotations and (
+        effective_fault_tolerance(fields.annotations, other).ft.retry_limit == effective.ft.retry_limit
+    )
     return StatusRow(
         namespace=fields.namespace,
         name=fields.name,
         phase=fields.phase,
         resetting_count=fields.resetting_count,
-        retry_limit=effective_fault_tolerance(fields.annotations, defaults).ft.retry_limit,
+        retry_limit=effective.ft.retry_limit,
+        retry_limit_source="annotation" if annotated else default_source,
         unhealthy_reason=str_at(unhealthy, "reason") if fields.is_true(ConditionType.UNHEALTHY) else "",
         last_transition=max(times) if times else None,
     )
 
 
-def status_rows(appwrappers: Iterable[Mapping[str, Any]], defaults: FaultTolerance) -> list[StatusRow]:
+def status_rows(
+    appwrappers: Iterable[Mapping[str, Any]], defaults: FaultTolerance, default_source: str = "builtin"
+) -> list[StatusRow]:
     """Rows ordered by namespace, then name."""
-    return sorted((status_row(aw, defaults) for aw in appwrappers), key=lambda r: (r.namespace, r.name))
+    return sorted(
+        (status_row(aw, defaults, default_source) for aw in appwrappers), key=lambda r: (r.namespace, r.name)
+    )
 
 
 def format_age(delta: timedelta) -> str:
@@ -107,19 +136,25 @@ def format_age(delta: timedelta) -> str:
     return f"{seconds}s"
 
 
-def status_table(rows: Sequence[StatusRow], now: datetime) -> Table:
-    table = Table(
-        "NAMESPACE", "NAME", "PHASE", "ATTEMPTS", "UNHEALTHY", "LAST TRANSITION", box=None, pad_edge=False
-    )
+STATUS_COLUMNS = ("NAMESPACE", "NAME", "PHASE", "ATTEMPTS", "UNHEALTHY", "LAST TRANSITION")
+# -o wide: where each retry limit comes from, and the transition's time as well as its age.
+WIDE_COLUMNS = ("LIMIT FROM", "TRANSITION TIME")
+
+
+def status_table(rows: Sequence[StatusRow], now: datetime, *, wide: bool = False) -> Table:
+    table = Table(*STATUS_COLUMNS, *(WIDE_COLUMNS if wide else ()), box=None, pad_edge=False)
     for row in rows:
-        table.add_row(
+        cells = [
             row.namespace,
             row.name,
             row.phase or "-",
             f"{row.resetting_count}/{row.retry_limit}",
             row.unhealthy_reason or "-",
             format_age(now - row.last_transition) if row.last_transition else "-",
-        )
+        ]
+        if wide:
+            cells += [row.retry_limit_source, _rfc3339(row.last_transition) if row.last_transition else "-"]
+        table.add_row(*cells)
     return table
 
 
@@ -169,11 +204,14 @@ def status_json(
     now: datetime,
     version: str,
     quarantine: Sequence[QuarantinedNode] | None = None,
+    limit_default: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``-o json`` document (docs/cli.md); ``quarantine`` None: not read (no NATS_URL)."""
+    """The ``-o json`` document (docs/cli.md); ``quarantine`` None: not read (no NATS_URL);
+    ``limit_default``: :func:`retry_limit_default_json`."""
     return {
         "version": version,
         "nodeQuarantine": quarantine_json(quarantine) if quarantine is not None else None,
+        "retryLimitDefault": dict(limit_default) if limit_default is not None else None,
         "appwrappers": [
             {
                 "namespace": row.namespace,
@@ -181,6 +219,7 @@ def status_json(
                 "phase": row.phase,
                 "resettingCount": row.resetting_count,
                 "retryLimit": row.retry_limit,
+                "retryLimitSource": row.retry_limit_source,
                 "unhealthyReason": row.unhealthy_reason,
                 "lastTransitionTime": _rfc3339(row.last_transition) if row.last_transition else None,
                 "lastTransitionAgeSeconds": (
@@ -206,30 +245,14 @@ def kubeconfig_path(explicit: str | None) -> str | None:
         entries = [p for p in explicit.split(os.pathsep) if p]
         existing = [p for p in entries if Path(p).expanduser().is_file()]
         if not existing:
-            raise CliError(f"kubeconfig {explicit} does not exist; check --kubeconfig or KUBECONFIG")
+            raise Unavailable(f"kubeconfig {explicit} does not exist; check --kubeconfig or KUBECONFIG")
         return str(Path(existing[0]).expanduser())
     home = Path("~/.kube/config").expanduser()
     if home.is_file():
         return str(home)
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         return None
-    raise CliError("no cluster configured: set KUBECONFIG or pass --kubeconfig")
-
-
-def context_namespace(kubeconfig: str | None) -> str:
-    """The current context's namespace (as kubectl uses it), else "default"."""
-    if kubeconfig is None:
-        sa = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-        return sa.read_text().strip() if sa.is_file() else "default"
-    try:
-        config = mapping_at(yaml.safe_load(Path(kubeconfig).read_text()))
-    except (OSError, yaml.YAMLError):
-        return "default"
-    current = config.get("current-context")
-    for ctx in config.get("contexts") or []:
-        if isinstance(ctx, Mapping) and ctx.get("name") == current:
-            return str_at(ctx, "context", "namespace") or "default"
-    return "default"
+    raise Unavailable("no cluster configured: set KUBECONFIG or pass --kubeconfig")
 
 
 async def connect_kube(kubeconfig: str | None) -> Kube:
@@ -239,15 +262,15 @@ async def connect_kube(kubeconfig: str | None) -> Kube:
         return await Kube.connect(kubeconfig)
     except Exception as exc:  # kubernetes_asyncio raises ConfigException, OSError, YAML errors...
         where = kubeconfig or "the in-cluster service account"
-        raise CliError(f"cannot use {where}: {_one_line(str(exc)) or type(exc).__name__}") from exc
+        raise Unavailable(f"cannot use {where}: {_one_line(str(exc)) or type(exc).__name__}") from exc
 
 
 def _api_error(kube: Kube, exc: KubeApiError) -> CliError:
     host = getattr(kube.api.configuration, "host", "") or "the API server"
     if exc.status == 0:
-        return CliError(f"cannot reach the Kubernetes API server at {host}: {_one_line(exc.message)}")
+        return Unavailable(f"cannot reach the Kubernetes API server at {host}: {_one_line(exc.message)}")
     if exc.status in (401, 403):
-        return CliError(f"the Kubernetes API server at {host} refused access: {_one_line(exc.message)}")
+        return Unavailable(f"the Kubernetes API server at {host} refused access: {_one_line(exc.message)}")
     return CliError(f"Kubernetes API error from {host}: {_one_line(str(exc))}")
 
 
@@ -266,33 +289,71 @@ async def fetch_appwrappers(kube: Kube, namespace: str | None, name: str | None)
                 ]
             except KubeApiError as exc:
                 if exc.not_found and exc.body.get("details", {}).get("kind") == PLURAL:
-                    raise CliError(f"AppWrapper {ns}/{name} not found") from exc
+                    raise NotFound(f"AppWrapper {ns}/{name} not found") from exc
                 raise
         listing = await kube.request("GET", appwrappers.path(namespace), request_timeout=REQUEST_TIMEOUT)
     except KubeApiError as exc:
         if exc.not_found:
-            raise CliError(
+            raise NotFound(
                 f"the cluster does not serve AppWrappers ({GROUP}/{VERSION}); is the CRD installed?"
             ) from exc
         raise _api_error(kube, exc) from exc
     return [item for item in listing.get("items") or [] if isinstance(item, dict)]
 
 
-async def _load(kubeconfig: str | None, namespace: str | None, name: str | None) -> list[dict[str, Any]]:
-    path = kubeconfig_path(kubeconfig)
-    if name and not namespace:
-        namespace = context_namespace(path)
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    appwrappers: list[dict[str, Any]]
+    config: ConfigSource
+
+
+async def _load(
+    path: str | None, namespace: str | None, name: str | None, config: Path | None, respawn_namespace: str
+) -> Loaded:
+    """The AppWrappers, and the operator configuration their retry limits default to: ``--config``
+    if given, else the cluster's, else (with the reason) this machine's."""
+    from respawn.cli.clusterconfig import fetch_deployed_config, local_config
+    from shared.config import ConfigError
+
     kube = await connect_kube(path)
     try:
-        return await fetch_appwrappers(kube, namespace, name)
+        appwrappers = await fetch_appwrappers(kube, namespace, name)
+        if config is not None:
+            return Loaded(appwrappers, local_config(config))
+        try:
+            deployed = await fetch_deployed_config(kube, respawn_namespace)
+        except ConfigError as exc:
+            fallback = local_config(None)
+            return Loaded(appwrappers, dataclasses.replace(fallback, problem=str(exc)))
+        return Loaded(appwrappers, deployed)
     finally:
         await kube.close()
+
+
+def retry_limit_default_json(source: ConfigSource) -> dict[str, Any]:
+    """``retryLimitDefault`` of ``status -o json``: the operator default and where it was read."""
+    return {
+        "retryLimit": source.config.fault_tolerance.retry_limit,
+        "source": source.kind,
+        "from": source.origin,
+        "clusterError": source.problem or None,
+    }
+
+
+def fallback_note(source: ConfigSource, respawn_namespace: str) -> str:
+    """The stderr line saying the default retry limit is not the cluster's, and why."""
+    where = f"file {source.origin}" if source.kind == "file" else "the built-in default"
+    return (
+        f"respawn: the default retry limit ({source.config.fault_tolerance.retry_limit}, from {where}) "
+        f"is not the cluster's: cannot read Respawn's configuration in namespace {respawn_namespace}: "
+        f"{_one_line(source.problem)}"
+    )
 
 
 async def fetch_quarantine(nats_url: str) -> list[QuarantinedNode]:
     """The entries of the last stored quarantine node verdict (none stored: no entry).
 
-    Raises :class:`CliError` when NATS cannot be reached."""
+    Raises :class:`Unavailable` when NATS cannot be reached."""
     from respawn.cli.tail import NatsUnavailable, StoredMessage, StreamMissing, connect_nats, stored_messages
     from shared import subjects
     from shared.messages import QUARANTINE_RESOURCE, InvalidMessage, NodeVerdict, decode
@@ -300,7 +361,7 @@ async def fetch_quarantine(nats_url: str) -> list[QuarantinedNode]:
     try:
         nc = await connect_nats(nats_url)
     except NatsUnavailable as exc:
-        raise CliError(str(exc)) from None
+        raise Unavailable(str(exc)) from None
     last: StoredMessage | None = None
     try:
         async for message in stored_messages(
@@ -323,13 +384,14 @@ async def fetch_quarantine(nats_url: str) -> list[QuarantinedNode]:
 
 
 def register(app: typer.Typer, *, output_version: str) -> None:
+    namespace_option, all_namespaces_option = namespace_options()
+
     @app.command("status")
     def status(
         name: str | None = typer.Argument(None, help="One AppWrapper (else all of them)."),
-        namespace: str | None = typer.Option(
-            None, "--namespace", "-n", help="Namespace (default: all; with NAME, the context's)."
-        ),
-        output: str = typer.Option("table", "--output", "-o", help="table | json"),
+        namespace: str | None = namespace_option,
+        all_namespaces: bool = all_namespaces_option,
+        output: str | None = output_option(),
         kubeconfig: str | None = typer.Option(None, "--kubeconfig", envvar="KUBECONFIG", show_envvar=True),
         nats_url: str | None = typer.Option(
             None,
@@ -341,33 +403,49 @@ def register(app: typer.Typer, *, output_version: str) -> None:
         config: Path | None = typer.Option(
             None,
             "--config",
-            help="Operator configuration YAML for the retry-limit default (else RESPAWN_CONFIG).",
+            help=(
+                "Operator configuration YAML for the retry-limit default, instead of the one "
+                "deployed in the cluster."
+            ),
+        ),
+        respawn_namespace: str = typer.Option(
+            DEFAULT_RESPAWN_NAMESPACE,
+            "--respawn-namespace",
+            help="Where Respawn is installed: its configuration gives the default retry limit.",
         ),
     ) -> None:
         """AppWrappers: phase, attempts/retry limit, unhealthy reason, age of the last transition;
         and the nodes in quarantine, with why (when NATS is configured)."""
-        from shared.config import ConfigError, load_config
+        from shared.config import ConfigError
 
-        if output not in ("table", "json"):
-            typer.echo(f"error: unknown output format {output!r}; use table or json", err=True)
-            raise typer.Exit(2)
         try:
-            defaults = load_config(config).to_fault_tolerance()
-            items = asyncio.run(_load(kubeconfig, namespace, name))
+            fmt = resolve_output(output)
+            # Usage errors before anything is read.
+            resolve_namespace(namespace, all_namespaces, "default", name=name)
+            path = kubeconfig_path(kubeconfig)
+            choice = resolve_namespace(namespace, all_namespaces, context_namespace(path), name=name)
+            loaded = asyncio.run(_load(path, choice.namespace, name, config, respawn_namespace))
             quarantine = quarantine_rows(asyncio.run(fetch_quarantine(nats_url))) if nats_url else None
-        except (CliError, ConfigError) as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
+        except CliError as exc:
+            fail(exc)
+        except ConfigError as exc:
+            fail(CliError(str(exc)))
+        source = loaded.config
+        if source.problem:
+            typer.echo(fallback_note(source, respawn_namespace), err=True)
         now = datetime.now(UTC)
-        rows = status_rows(items, defaults)
-        if output == "json":
-            typer.echo(json.dumps(status_json(rows, now, output_version, quarantine)))
+        rows = status_rows(loaded.appwrappers, source.config.to_fault_tolerance(), source.kind)
+        if fmt.document:
+            doc = status_json(rows, now, output_version, quarantine, retry_limit_default_json(source))
+            emit(doc, fmt)
             return
         if rows:
-            Console(soft_wrap=True).print(status_table(rows, now))
+            wide = fmt is Format.WIDE
+            # Wide rows are never folded to the terminal's width: they are for reading whole.
+            console = Console(soft_wrap=True, width=10_000 if wide else None)
+            console.print(status_table(rows, now, wide=wide))
         else:
-            where = f"namespace {namespace}" if namespace else "any namespace"
-            typer.echo(f"No AppWrappers in {where}.", err=True)
+            typer.echo(f"No AppWrappers in {choice.describe()}.", err=True)
         if quarantine:
             typer.echo("")
             typer.echo("Node quarantine:")

@@ -18,6 +18,22 @@ from typing import Any, Final, Literal
 
 import typer
 
+from respawn.cli.output import (
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_UNAVAILABLE,
+    CliError,
+    Format,
+    UsageError,
+    default_namespace,
+    emit,
+    fail,
+    json_flag,
+    namespace_options,
+    output_option,
+    resolve_namespace,
+    resolve_output,
+)
 from shared import subjects
 from shared.durations import parse_go_duration
 from shared.messages import InvalidMessage, LifecycleEvent, Message, Verdict, decode
@@ -383,7 +399,7 @@ async def _tail(
     namespace: str | None,
     start: StartAt,
     follow: bool,
-    as_json: bool,
+    fmt: Format,
     version: str,
 ) -> None:
     stream, _, cls = STREAMS[kind]
@@ -399,8 +415,8 @@ async def _tail(
                     f"respawn: skipping #{stored.seq} on {stored.subject}: {_one_line(str(exc))}", err=True
                 )
                 continue
-            if as_json:
-                typer.echo(json.dumps(json_record(message, stored, version), ensure_ascii=False))
+            if fmt.document:
+                emit(json_record(message, stored, version), fmt, stream=True)
             else:
                 typer.echo(message_line(message, stored.seq))
     finally:
@@ -409,34 +425,53 @@ async def _tail(
 
 
 def register(app: typer.Typer, *, output_version: str) -> None:
+    namespace_option, all_namespaces_option = namespace_options()
+
     @app.command("tail")
     def tail(
         stream: str = typer.Argument(..., help="verdicts | lifecycle"),
-        namespace: str | None = typer.Option(None, "--namespace", "-n", help="Only this namespace."),
-        as_json: bool = typer.Option(False, "--json", help="One JSON object per line."),
+        namespace: str | None = namespace_option,
+        all_namespaces: bool = all_namespaces_option,
+        output: str | None = output_option(),
+        as_json: bool = json_flag(),
         since: str | None = typer.Option(
             None, "--since", help="Start at a time: a duration back from now (10m) or RFC 3339."
         ),
         seq: int | None = typer.Option(None, "--seq", min=1, help="Start at this stream sequence."),
         no_follow: bool = typer.Option(False, "--no-follow", help="Print what is stored, then exit."),
         nats_url: str | None = typer.Option(None, "--nats-url", envvar="NATS_URL", show_envvar=True),
+        kubeconfig: str | None = typer.Option(
+            None,
+            "--kubeconfig",
+            envvar="KUBECONFIG",
+            show_envvar=True,
+            help="Only for the default namespace: its current context's.",
+        ),
     ) -> None:
         """Follow the public verdict or lifecycle stream (from the start, a time or a sequence)."""
-        if stream not in STREAMS:
-            typer.echo(f"error: unknown stream {stream!r}; choose verdicts or lifecycle", err=True)
-            raise typer.Exit(2)
-        if since is not None and seq is not None:
-            typer.echo("error: --since and --seq cannot be combined", err=True)
-            raise typer.Exit(2)
         try:
-            start = StartAt(seq=seq, time=parse_since(since, datetime.now(UTC)) if since else None)
-        except ValueError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from None
+            fmt = resolve_output(output, as_json)
+            if stream not in STREAMS:
+                raise UsageError(f"unknown stream {stream!r}; choose verdicts or lifecycle")
+            if since is not None and seq is not None:
+                raise UsageError("--since and --seq cannot be combined")
+            try:
+                start = StartAt(seq=seq, time=parse_since(since, datetime.now(UTC)) if since else None)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+            resolve_namespace(namespace, all_namespaces, "default")
+            choice = resolve_namespace(
+                namespace,
+                all_namespaces,
+                "" if namespace or all_namespaces else default_namespace(kubeconfig),
+            )
+        except CliError as exc:
+            fail(exc)
         try:
-            asyncio.run(_tail(stream, nats_url, namespace, start, not no_follow, as_json, output_version))
-        except (NatsUnavailable, StreamMissing) as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
+            asyncio.run(_tail(stream, nats_url, choice.namespace, start, not no_follow, fmt, output_version))
+        except NatsUnavailable as exc:
+            fail(str(exc), EXIT_UNAVAILABLE)
+        except StreamMissing as exc:
+            fail(str(exc), EXIT_NOT_FOUND)
         except KeyboardInterrupt:
-            raise typer.Exit(130) from None
+            raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 import yaml
 
 from respawn.testbed import manifests, sim
+from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
 from respawn.testbed.ports import free_port
 from shared import subjects
@@ -49,9 +51,14 @@ def ok(proc: subprocess.CompletedProcess[str]) -> str:
     return proc.stdout
 
 
-def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
-    """The failure shape every CLI error must have: exit 1, one `error:` line on stderr."""
-    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+# docs/cli.md, "Exit codes".
+NOT_FOUND = 3
+UNAVAILABLE = 4
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str], code: int) -> str:
+    """The failure shape every CLI error must have: exit ``code``, one `error:` line on stderr."""
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert proc.stdout == ""
@@ -245,14 +252,16 @@ def test_no_cluster_is_one_error_line(testbed: Endpoints, tmp_path: Path) -> Non
         cluster["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
     dead = tmp_path / "dead-kubeconfig"
     dead.write_text(yaml.safe_dump(config))
-    line = one_error_line(respawn("status", env=cli_env(testbed, KUBECONFIG=str(dead))))
+    line = one_error_line(respawn("status", env=cli_env(testbed, KUBECONFIG=str(dead))), UNAVAILABLE)
     assert "cannot reach the Kubernetes API server at https://127.0.0.1:" in line
     # A kubeconfig that does not exist, and none at all.
-    line = one_error_line(respawn("status", env=cli_env(testbed, KUBECONFIG=str(tmp_path / "missing"))))
+    line = one_error_line(
+        respawn("status", env=cli_env(testbed, KUBECONFIG=str(tmp_path / "missing"))), UNAVAILABLE
+    )
     assert "does not exist" in line
     env = cli_env(testbed, KUBECONFIG=None, HOME=str(tmp_path), KUBERNETES_SERVICE_HOST=None)
     assert (
-        one_error_line(respawn("status", env=env))
+        one_error_line(respawn("status", env=env), UNAVAILABLE)
         == "error: no cluster configured: set KUBECONFIG or pass --kubeconfig"
     )
 
@@ -261,11 +270,11 @@ def test_no_nats_is_one_error_line_within_the_connect_deadline(testbed: Endpoint
     dead = cli_env(testbed, NATS_URL=f"nats://127.0.0.1:{free_port()}")
     for args in (("tail", "verdicts", "--no-follow"), ("tail", "lifecycle"), ("explain", "default/x")):
         started = time.monotonic()
-        line = one_error_line(respawn(*args, timeout=30, env=dead))
+        line = one_error_line(respawn(*args, timeout=30, env=dead), UNAVAILABLE)
         assert "NATS at nats://127.0.0.1:" in line, line
         assert time.monotonic() - started < 15
     unset = cli_env(testbed, NATS_URL=None)
-    assert one_error_line(respawn("tail", "verdicts", env=unset)) == (
+    assert one_error_line(respawn("tail", "verdicts", env=unset), UNAVAILABLE) == (
         "error: NATS_URL is not set; pass --nats-url or set NATS_URL"
     )
 
@@ -275,9 +284,156 @@ def test_unknown_appwrapper_is_one_error_line(
 ) -> None:
     service("watcher")  # so that the streams exist, as on any cluster Respawn runs on
     env = cli_env(testbed)
-    line = one_error_line(respawn("status", "-n", namespace, "nope", env=env))
+    line = one_error_line(respawn("status", "-n", namespace, "nope", env=env), NOT_FOUND)
     assert line == f"error: AppWrapper {namespace}/nope not found"
-    line = one_error_line(respawn("explain", f"{namespace}/nope", env=env))
+    line = one_error_line(respawn("explain", f"{namespace}/nope", env=env), NOT_FOUND)
     assert line.startswith(f"error: unknown AppWrapper {namespace}/nope")
     # An empty namespace is not an error for a listing.
     assert json.loads(ok(respawn("status", "-n", namespace, "-o", "json", env=env)))["appwrappers"] == []
+
+
+# ------------------------------------------------------------------------------------ namespaces
+
+
+def with_context_namespace(testbed: Endpoints, tmp_path: Path, namespace: str) -> Path:
+    """A copy of the testbed's kubeconfig whose current context is in ``namespace``."""
+    config = yaml.safe_load(testbed.kubeconfig.read_text())
+    current = config["current-context"]
+    for ctx in config["contexts"]:
+        if ctx["name"] == current:
+            ctx["context"]["namespace"] = namespace
+    path = tmp_path / "kubeconfig-in-namespace"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture
+def other_namespace(testbed: Endpoints) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    kubectl(testbed.kubeconfig, "create", "namespace", name)
+    yield name
+    kubectl(testbed.kubeconfig, "delete", "namespace", name, "--wait=false", check=False)
+
+
+def listed(proc: subprocess.CompletedProcess[str]) -> set[tuple[str, str]]:
+    return {(r["namespace"], r["name"]) for r in json.loads(ok(proc))["appwrappers"]}
+
+
+def test_status_and_explain_default_to_the_contexts_namespace_and_a_reads_every_one(
+    testbed: Endpoints, appwrapper_crd: Path, namespace: str, other_namespace: str, tmp_path: Path
+) -> None:
+    kc = testbed.kubeconfig
+    apply(kc, namespace, manifests.job_appwrapper("here"))
+    apply(kc, other_namespace, manifests.job_appwrapper("there"))
+    env = cli_env(testbed, KUBECONFIG=str(with_context_namespace(testbed, tmp_path, namespace)))
+
+    # Like kubectl: the context's namespace, not every namespace.
+    assert listed(respawn("status", "-o", "json", env=env)) == {(namespace, "here")}
+    assert listed(respawn("status", "-n", other_namespace, "-o", "json", env=env)) == {
+        (other_namespace, "there")
+    }
+    everywhere = listed(respawn("status", "-A", "-o", "json", env=env))
+    assert {(namespace, "here"), (other_namespace, "there")} <= everywhere
+    # One AppWrapper by name, in the context's namespace; across namespaces it is a usage error.
+    assert listed(respawn("status", "here", "-o", "json", env=env)) == {(namespace, "here")}
+    refused = respawn("status", "here", "-A", env=env)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: "), refused.stderr
+    # explain NAME looks in the same namespace (no Respawn service ran: nothing to explain there).
+    line = one_error_line(respawn("explain", "there", env=env), NOT_FOUND)
+    assert line.startswith(f"error: unknown AppWrapper {namespace}/there")
+
+
+# ------------------------------------------------------------------------------------ retry limit
+
+
+def deployed_lifecycle(kubeconfig: Path, namespace: str, config_yaml: str, env: dict[str, str]) -> None:
+    """lifecycle's Deployment of deploy/base (no replicas: nothing is to run) and its ConfigMaps,
+    under hashed names as kustomize generates them, in ``namespace``."""
+    docs = list(yaml.safe_load_all((REPO / "deploy/base/services/lifecycle.yaml").read_text()))
+    [deployment] = [d for d in docs if d and d["kind"] == "Deployment"]
+    deployment["spec"]["replicas"] = 0
+    spec = deployment["spec"]["template"]["spec"]
+    for volume in spec["volumes"]:
+        if volume.get("configMap", {}).get("name") == "respawn-config":
+            volume["configMap"]["name"] = "respawn-config-5f7h2"
+    for source in spec["containers"][0]["envFrom"]:
+        source["configMapRef"]["name"] = "respawn-env-9k2b4"
+    configmaps = [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "respawn-config-5f7h2"},
+            "data": {"config.yaml": config_yaml},
+        },
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "respawn-env-9k2b4"}, "data": env},
+    ]
+    for body in (*configmaps, deployment):
+        apply(kubeconfig, namespace, body)
+
+
+def test_attempts_show_the_retry_limit_deployed_in_the_cluster(
+    testbed: Endpoints, appwrapper_crd: Path, namespace: str, other_namespace: str
+) -> None:
+    kc = testbed.kubeconfig
+    apply(kc, namespace, manifests.job_appwrapper("plain"))
+    apply(kc, namespace, manifests.job_appwrapper("annotated", annotations={RETRY_LIMIT_ANNOTATION: "2"}))
+    env = cli_env(testbed, RESPAWN_CONFIG=None)
+    # Respawn "installed" in other_namespace: its ConfigMap says 7.
+    deployed_lifecycle(kc, other_namespace, "faultTolerance:\n  retryLimit: 7\n", {})
+    args = ("status", "-n", namespace, "--respawn-namespace", other_namespace)
+
+    doc = json.loads(ok(respawn(*args, "-o", "json", env=env)))
+    limits = {r["name"]: (r["retryLimit"], r["retryLimitSource"]) for r in doc["appwrappers"]}
+    assert limits == {"plain": (7, "cluster"), "annotated": (2, "annotation")}
+    assert doc["retryLimitDefault"] == {
+        "retryLimit": 7,
+        "source": "cluster",
+        "from": f"ConfigMap {other_namespace}/respawn-config-5f7h2",
+        "clusterError": None,
+    }
+    table = ok(respawn(*args, env=env))
+    [line] = [line for line in table.splitlines() if " plain " in f" {line} "]
+    cells = line.split()
+    assert (cells[0], cells[1], cells[3]) == (namespace, "plain", "0/7")
+
+    # The Deployment's environment overrides the file, as in lifecycle's container.
+    deployed_lifecycle(
+        kc,
+        other_namespace,
+        "faultTolerance:\n  retryLimit: 7\n",
+        {"RESPAWN_FAULT_TOLERANCE_RETRY_LIMIT": "5"},
+    )
+    doc = json.loads(ok(respawn(*args, "-o", "json", env=env)))
+    assert {r["name"]: r["retryLimit"] for r in doc["appwrappers"]} == {"plain": 5, "annotated": 2}
+
+    # --config: this file, and nothing read from the cluster for it.
+    local = REPO / "deploy/base/config/config.yaml"
+    doc = json.loads(ok(respawn(*args, "--config", str(local), "-o", "json", env=env)))
+    assert doc["retryLimitDefault"] == {
+        "retryLimit": 3,
+        "source": "file",
+        "from": str(local),
+        "clusterError": None,
+    }
+
+
+def test_without_a_readable_deployed_config_the_limit_falls_back_and_says_why(
+    testbed: Endpoints, appwrapper_crd: Path, namespace: str
+) -> None:
+    apply(testbed.kubeconfig, namespace, manifests.job_appwrapper("plain"))
+    env = cli_env(testbed, RESPAWN_CONFIG=None)
+    # Respawn is not installed in that namespace (on the testbed its services run as processes).
+    proc = respawn("status", "-n", namespace, "--respawn-namespace", namespace, "-o", "json", env=env)
+    doc = json.loads(ok(proc))
+    reason = f"no Respawn lifecycle Deployment in namespace {namespace}"
+    assert doc["retryLimitDefault"] == {
+        "retryLimit": 3,
+        "source": "builtin",
+        "from": "",
+        "clusterError": reason,
+    }
+    assert [(r["retryLimit"], r["retryLimitSource"]) for r in doc["appwrappers"]] == [(3, "builtin")]
+    assert proc.stderr.splitlines() == [
+        "respawn: the default retry limit (3, from the built-in default) is not the cluster's: cannot read "
+        f"Respawn's configuration in namespace {namespace}: {reason}"
+    ]

@@ -992,12 +992,12 @@ async def test_respawn_explain_and_tail_work_for_the_documented_reader(mirrored:
         f"respawn: {subjects.OBSERVATIONS_STREAM} not in the account of NATS user {READER}: "
         "pod and component states left out of the timeline"
     )
-    code, out, err = await respawn_cli(mirrored, READER, "tail", "verdicts", "--no-follow")
+    code, out, err = await respawn_cli(mirrored, READER, "tail", "verdicts", "--no-follow", "-A")
     assert code == 0, err
     assert v_message.ref.name in out
     # A service user may not list streams: one line naming the refused request.
     code, out, err = await respawn_cli(mirrored, "watcher", "explain", target)
-    assert code == 1
+    assert code == 4  # refused access (docs/cli.md, "Exit codes")
     assert err.startswith("error: NATS user watcher may not list the streams of its account (")
     assert "$js.api.stream.names" in err.lower() and len(err.strip().splitlines()) == 1, err
 

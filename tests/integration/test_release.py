@@ -78,6 +78,8 @@ def test_install_yaml_is_the_release_overlay_with_the_versions_of_pyproject(inst
     assert text.startswith(f"# Respawn {VERSIONS.respawn}, rendered from deploy/release by `make release`.\n")
     assert "kubectl apply --server-side -f install.yaml" in text
     assert f"kubectl delete -f install.yaml -l '{release.UNINSTALL_SELECTOR}'" in text
+    # Beside it, what the delete without the selector does.
+    assert "# WARNING: deleting the AppWrapper CRD (kubectl delete -f install.yaml without -l)" in text
     docs = docs_of(text)
     assert docs == docs_of(release.render())
     images = {(where, name): image for where, name, image in release.container_images(docs)}

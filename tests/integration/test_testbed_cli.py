@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from respawn.testbed import binaries
 from respawn.testbed.ports import port_open
@@ -62,16 +63,30 @@ def test_up_twice_then_down_leaves_no_process_and_no_port(tmp_path: Path) -> Non
         "nats-server",
     } <= set(pids)
     try:
-        again = respawn("local", "up", "--state-dir", str(state_dir), "--no-services", "--json")
+        # -o json is what the deprecated --json above is an alias of; -o yaml the same document.
+        again = respawn("local", "up", "--state-dir", str(state_dir), "--no-services", "-o", "json")
         assert again.returncode == 0, again.stderr
         assert json.loads(again.stdout)["apiServer"] == info["apiServer"], (
             "second up reuses the running testbed"
         )
         assert json.loads((state_dir / "state.json").read_text())["pids"] == pids
+        as_json = respawn("local", "status", "--state-dir", str(state_dir), "--json")
+        as_yaml = respawn("local", "status", "--state-dir", str(state_dir), "-o", "yaml")
+        assert as_json.returncode == as_yaml.returncode == 0, as_json.stderr + as_yaml.stderr
+        assert yaml.safe_load(as_yaml.stdout) == json.loads(as_json.stdout)
+        assert json.loads(as_json.stdout)["version"] == "respawn.cli/v1"
+        # -o wide: each process's log file beside it.
+        wide = respawn("local", "status", "--state-dir", str(state_dir), "-o", "wide")
+        assert wide.returncode == 0, wide.stderr
+        assert str(state_dir.resolve() / "logs" / "kube-apiserver.log") in wide.stdout.replace("\n", "")
     finally:
         down = respawn("local", "down", "--state-dir", str(state_dir))
     assert down.returncode == 0, down.stderr
     assert_nothing_left(state_dir, pids)
+    # No testbed there any more: not found (exit 3), with the empty document.
+    gone = respawn("local", "status", "--state-dir", str(state_dir), "-o", "json")
+    assert gone.returncode == 3
+    assert json.loads(gone.stdout)["running"] is False
     open_ports = [name for name, port in ports.items() if port_open(port)]
     assert open_ports == [], f"ports still open after down: {open_ports}"
 

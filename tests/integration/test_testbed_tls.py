@@ -82,7 +82,9 @@ def test_the_cli_reads_the_streams_over_tls_with_the_testbeds_ca(tls_testbed: St
     # The services create the streams; here a bus with the CA does.
     asyncio.run(_ensure_streams(state))
 
-    trusted = cli.respawn("tail", "verdicts", "--no-follow", "--json", env={**env, **state.nats_tls_env()})
+    trusted = cli.respawn(
+        "tail", "verdicts", "--no-follow", "-A", "-o", "json", env={**env, **state.nats_tls_env()}
+    )
     assert trusted.returncode == 0, trusted.stderr
     assert trusted.stdout == ""
 
@@ -90,7 +92,7 @@ def test_the_cli_reads_the_streams_over_tls_with_the_testbeds_ca(tls_testbed: St
     port = state.ports["nats"]
     env["NATS_URL"] = f"tls://respawn:{PASSWORD}@127.0.0.1:{port}"
     refused = cli.respawn("tail", "verdicts", "--no-follow", env=env)
-    assert refused.returncode == 1
+    assert refused.returncode == 4  # no connection (docs/cli.md, "Exit codes")
     [line] = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert "certificate verify failed" in line and "check RESPAWN_NATS_TLS_CA_FILE" in line, line
     assert f"tls://127.0.0.1:{port}" in line, line

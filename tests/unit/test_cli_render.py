@@ -155,6 +155,7 @@ def test_status_json_is_versioned_and_carries_every_column() -> None:
                 "phase": "Running",
                 "resettingCount": 1,
                 "retryLimit": 3,
+                "retryLimitSource": "builtin",
                 "unhealthyReason": "",
                 "lastTransitionTime": "2025-01-02T03:04:05Z",
                 "lastTransitionAgeSeconds": 61,
@@ -162,6 +163,8 @@ def test_status_json_is_versioned_and_carries_every_column() -> None:
         ],
         # Not read (no NATS_URL): null, not an empty list, which would claim no node is quarantined.
         "nodeQuarantine": None,
+        # Not given: where the default retry limit was read is unknown.
+        "retryLimitDefault": None,
     }
     json.dumps(doc)  # serialisable as it is
 
@@ -549,8 +552,12 @@ def invoke(*args: str, env: dict[str, str] | None = None) -> Any:
 def test_usage_errors_are_one_line_and_exit_2() -> None:
     usage_errors = [
         ["tail", "bogus"],
-        ["explain", "no-slash"],
-        ["status", "-o", "yaml"],
+        ["explain", "a/b/c"],
+        ["explain", "a/b", "-n", "c"],
+        ["status", "-n", "a", "-A"],
+        ["status", "one", "-A"],
+        ["tail", "verdicts", "-o", "yaml", "--json"],
+        ["status", "-o", "xml"],
         ["tail", "verdicts", "--since", "soon"],
         ["tail", "verdicts", "--since", "1m", "--seq", "3"],
     ]
@@ -560,26 +567,26 @@ def test_usage_errors_are_one_line_and_exit_2() -> None:
         assert result.output.count("\n") == 1 and result.output.startswith("error: "), result.output
 
 
-def test_missing_connection_settings_are_one_error_line_and_exit_1(tmp_path: Any) -> None:
+def test_missing_connection_settings_are_one_error_line_and_exit_4(tmp_path: Any) -> None:
     env = {"NATS_URL": "", "KUBECONFIG": "", "HOME": str(tmp_path), "KUBERNETES_SERVICE_HOST": ""}
     result = invoke("tail", "verdicts", "--no-follow", env=env)
     assert (result.exit_code, result.output) == (
-        1,
+        4,
         "error: NATS_URL is not set; pass --nats-url or set NATS_URL\n",
     )
     result = invoke("explain", "a/b", env=env)
     assert (result.exit_code, result.output) == (
-        1,
+        4,
         "error: NATS_URL is not set; pass --nats-url or set NATS_URL\n",
     )
     result = invoke("status", env=env)
     assert (result.exit_code, result.output) == (
-        1,
+        4,
         "error: no cluster configured: set KUBECONFIG or pass --kubeconfig\n",
     )
     result = invoke("status", env={**env, "KUBECONFIG": str(tmp_path / "missing")})
     assert (
-        result.exit_code == 1
+        result.exit_code == 4
         and result.output.startswith("error: kubeconfig ")
         and result.output.count("\n") == 1
     )

@@ -51,4 +51,5 @@ def test_the_image_is_built_from_the_services_and_shared_only() -> None:
         if line.startswith("COPY ") and "--from" not in line
         for source in line.split()[1:-1]
     }
-    assert copied == {"pyproject.toml", "README.md", "shared", "services"}
+    # requirements.lock: the exact versions of the services' dependencies (tests/unit/test_lock.py).
+    assert copied == {"pyproject.toml", "requirements.lock", "README.md", "shared", "services"}

@@ -174,7 +174,7 @@ def test_local_status_lists_every_replica_with_its_pid_and_probe_port(tmp_path: 
 
 def test_local_status_without_a_testbed_has_no_replicas(tmp_path: Path) -> None:
     result = invoke("local", "status", "--state-dir", str(tmp_path), "--json")
-    assert result.exit_code == 1
+    assert result.exit_code == 3  # not found: no testbed in --state-dir
     assert json.loads(result.output) == {
         "version": "respawn.cli/v1",
         "running": False,

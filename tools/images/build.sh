@@ -285,9 +285,9 @@ PY_DIR="$LAST_DIR"
 image respawn-python-build-3.11 "$PY_BUILD_NAME" "$(printf '%s\n' "$DEB_KEY" "$PY_BUILD_PACKAGES" | sum)" build_python "$PY_BUILD_PACKAGES"
 PY_BUILD_DIR="$LAST_DIR"
 
-# What the Dockerfile copies (.dockerignore: pyproject.toml, README.md, shared/, services/),
-# the Dockerfile itself, and both bases.
-CONTEXT_SUM="$(cd "$REPO" && find Dockerfile .dockerignore pyproject.toml README.md shared services -type f \
+# What the Dockerfile copies (.dockerignore: pyproject.toml, requirements.lock, README.md,
+# shared/, services/), the Dockerfile itself, and both bases.
+CONTEXT_SUM="$(cd "$REPO" && find Dockerfile .dockerignore pyproject.toml requirements.lock README.md shared services -type f \
   ! -name '*.pyc' ! -path '*/__pycache__/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sum)"
 image "respawn-$RESPAWN_VERSION" "docker.io/library/respawn:$RESPAWN_VERSION" \
   "$(printf '%s\n' "$SCRIPT_SUM" "$CONTEXT_SUM" "$(cat "$PY_DIR/digest")" "$(cat "$PY_BUILD_DIR/digest")" | sum)" \
