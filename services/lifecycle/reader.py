@@ -145,6 +145,12 @@ class Reader:
             cache.offer(aw)
         return aw
 
+    def cached(self, key: Key) -> Mapping[str, Any] | None:
+        """The AppWrapper as the cache holds it, if it does (no request)."""
+        if self.appwrapper_cache is None:
+            return None
+        return self.appwrapper_cache.lookup(key).obj
+
     def refresh(self, key: Key) -> None:
         """The next read of the AppWrapper is a GET: a write lost to a newer version (409), and
         the cache may not have that version yet. (The GET's answer goes into the cache, so the
