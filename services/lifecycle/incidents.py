@@ -78,6 +78,14 @@ class Incidents:
         if trace.get_current_span(ctx).get_span_context().is_valid:
             self._traces[key] = ctx
 
+    def orphaned(self, key: Key, aw: Mapping[str, Any]) -> None:
+        """After :meth:`adopt`: a reset under way that nothing records the trace of (its process
+        died before annotating it) continues in the current pass's trace from here on."""
+        status = aw.get("status")
+        phase = status.get("phase", "") if isinstance(status, Mapping) else ""
+        if key not in self._traces and phase == Phase.RESETTING:
+            self._traces[key] = otel_context.get_current()
+
     def track(self, key: Key, plan: Plan, *, was: str) -> None:
         """After ``plan`` was carried out (in the current trace context) on an AppWrapper in
         phase ``was``: remember the trace of a reset it started, forget the one it ended."""

@@ -183,6 +183,7 @@ class Reconciler:
             # Read by a GET (the cache could not answer before the span began): a reset under
             # way is still remembered, so that its annotation is kept and later passes rejoin it.
             self.incidents.adopt(key, aw)
+            self.incidents.orphaned(key, aw)
             effective = validation.parameters(aw, self.defaults, self.transient_limit)
             params = effective.ft
             await self._tell_problems(aw, effective.warnings)

@@ -77,3 +77,15 @@ def test_without_a_trace_nothing_is_annotated() -> None:
     incidents.track(KEY, Plan(phase="Resetting"), was="Running")
     assert KEY in incidents
     assert incidents.annotation(KEY, aw("Resetting")) is KEEP
+
+
+def test_a_reset_nothing_recorded_continues_in_the_current_trace() -> None:
+    incidents = Incidents()
+    token = otel_context.attach(in_span())
+    try:
+        incidents.orphaned(KEY, aw("Running"))
+        assert KEY not in incidents
+        incidents.orphaned(KEY, aw("Resetting"))
+    finally:
+        otel_context.detach(token)
+    assert incidents.annotation(KEY, aw("Resetting")) == TRACEPARENT
