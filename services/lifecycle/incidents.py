@@ -96,7 +96,7 @@ class Incidents:
         elif plan.phase in _ENDS:
             self._traces.pop(key, None)
 
-    def annotation(self, key: Key, aw: Mapping[str, Any]) -> str | None | object:
+    def annotation(self, key: Key, aw: Mapping[str, Any]) -> str | object | None:
         """What ``aw``'s ``respawn.dev/incident-trace`` annotation should become: the incident's
         ``traceparent``, None to remove it (no incident under way), or :data:`KEEP`."""
         ctx = self._traces.get(key)

@@ -80,7 +80,9 @@ def incident(spans: list[Span], namespace: str, name: str) -> list[Span]:
 
 
 def recovered(span: Span) -> bool:
-    return span["name"] == "lifecycle.write_status" and span["attributes"].get("appwrapper.phase") == "Running"
+    return (
+        span["name"] == "lifecycle.write_status" and span["attributes"].get("appwrapper.phase") == "Running"
+    )
 
 
 def complete(trace: list[Span]) -> bool:

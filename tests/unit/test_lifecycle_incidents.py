@@ -26,7 +26,10 @@ def in_span() -> otel_context.Context:
 
 def aw(phase: str, annotation: str | None = None) -> dict[str, Any]:
     annotations = {INCIDENT_TRACE_ANNOTATION: annotation} if annotation is not None else {}
-    return {"metadata": {"name": "train", "namespace": "team", "annotations": annotations}, "status": {"phase": phase}}
+    return {
+        "metadata": {"name": "train", "namespace": "team", "annotations": annotations},
+        "status": {"phase": phase},
+    }
 
 
 def test_a_reset_is_remembered_with_its_trace_and_annotated() -> None:
