@@ -139,8 +139,8 @@ class Reconciler:
             # timers, and are handed the same verdict as the latest: they rejoin the incident's
             # trace here, the one this process remembers or, after a restart or a takeover, the
             # one the AppWrapper's annotation records (from the cache: no request).
-            if not urgent:
-                cached = self.reader.cached(key)
+            if not urgent and key not in self.incidents:
+                cached = self.reader.cached(key, INCIDENT_TRACE_ANNOTATION)
                 if cached is not None:
                     self.incidents.adopt(key, cached)
             parent = None if urgent else self.incidents.context(key)
