@@ -28,7 +28,7 @@ from shared.probes import (
     start_metrics,
     start_probes,
 )
-from shared.telemetry import setup_telemetry
+from shared.telemetry import TelemetryError, setup_telemetry
 
 if TYPE_CHECKING:
     from shared.config import OperatorConfig
@@ -63,7 +63,11 @@ def nats_url(config: OperatorConfig) -> str:
 
 
 async def run(name: str, main: Main, *, needs_kube: bool | Callable[[OperatorConfig], bool] = True) -> int:
-    telemetry = setup_telemetry(name)
+    try:
+        telemetry = setup_telemetry(name)
+    except TelemetryError as exc:
+        log.error("invalid telemetry settings: %s", exc)
+        return 2
     from shared.config import ConfigError, load_config
 
     try:

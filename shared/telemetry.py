@@ -3,45 +3,71 @@
 Tracing: one incident (first unhealthy observation → verdict → reset → running again)
 is one trace across services, so the W3C trace context travels in NATS message headers
 (:func:`inject_headers` on publish, :func:`extract_context` on consume). Where spans go is
-chosen by environment, the OpenTelemetry way:
+configured the OpenTelemetry way, by the standard ``OTEL_*`` environment variables, and the
+SDK's own parts read them: the exporters named by ``OTEL_TRACES_EXPORTER`` are the SDK's
+registered ones (entry points), each reading its ``OTEL_EXPORTER_OTLP_*`` settings; the
+sampler reads ``OTEL_TRACES_SAMPLER``; the resource ``OTEL_SERVICE_NAME`` and
+``OTEL_RESOURCE_ATTRIBUTES``; the batch processor ``OTEL_BSP_*``. What Respawn adds
+(docs/observability.md):
 
-- ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) set → OTLP/HTTP;
-- ``RESPAWN_TRACE_CONSOLE=1`` → spans printed to stdout (development);
-- ``RESPAWN_TRACE_FILE=path`` → spans appended to a file as JSON lines (the demo uses it);
-- otherwise no SDK at all: the API's no-op tracer still forwards the incoming context, so a
-  service without tracing does not break the trace of the ones around it.
+- ``OTEL_TRACES_EXPORTER`` unset: OTLP when an endpoint is set
+  (``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``), else nothing
+  (rather than the specification's OTLP to localhost, which would fail in a cluster without
+  a collector); ``RESPAWN_TRACE_CONSOLE=1`` prints spans to stdout (development);
+- ``otlp`` without a protocol set means ``http/protobuf`` (the specification's default);
+- ``RESPAWN_TRACE_FILE=path`` adds spans appended to a file as JSON lines (the demo uses it);
+- no exporter at all: no SDK, and the API's no-op tracer still forwards the incoming context,
+  so a service without tracing does not break the trace of the ones around it.
 
 Logging: one line per record, UTC timestamps, the service name, and the trace and span id
-when a span is active, so a log line can be found from a trace and back.
+when a span is active, so a log line can be found from a trace and back; as text, or with
+``RESPAWN_LOG_FORMAT=json`` one JSON object per line (for Loki, Elasticsearch and the like).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Literal, TextIO
+from importlib.metadata import entry_points
+from typing import Any, Literal, TextIO
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
 log = logging.getLogger(__name__)
 
 LOG_LEVEL_ENV = "RESPAWN_LOG_LEVEL"
+LOG_FORMAT_ENV = "RESPAWN_LOG_FORMAT"
 TRACE_CONSOLE_ENV = "RESPAWN_TRACE_CONSOLE"
 TRACE_FILE_ENV = "RESPAWN_TRACE_FILE"
+TRACES_EXPORTER_ENV = "OTEL_TRACES_EXPORTER"
 OTLP_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 OTLP_TRACES_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+OTLP_PROTOCOL_ENV = "OTEL_EXPORTER_OTLP_PROTOCOL"
+OTLP_TRACES_PROTOCOL_ENV = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 
-TraceExport = Literal["otlp", "file", "console", "none", "custom"]
+# The entry point group under which the SDK and exporter packages register span exporters.
+_EXPORTER_GROUP = "opentelemetry_traces_exporter"
+_OTLP_BY_PROTOCOL = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}
+_DEFAULT_OTLP_PROTOCOL = "http/protobuf"
+# Not an entry point: RESPAWN_TRACE_FILE's exporter.
+FILE_EXPORTER = "file"
+
+LogFormat = Literal["text", "json"]
 
 _TRUE = {"1", "true", "yes", "on"}
+
+
+class TelemetryError(ValueError):
+    """The environment asks for tracing or logging that cannot be set up (says what to fix)."""
 
 
 # ------------------------------------------------------------------ propagation
@@ -69,17 +95,36 @@ def current_trace_id() -> str:
 # ------------------------------------------------------------------ tracing
 
 
-def select_trace_export(env: Mapping[str, str]) -> TraceExport:
-    """Which exporter the environment asks for (pure; see the module docstring)."""
+def _otlp_entry_point(name: str, env: Mapping[str, str]) -> str:
+    """``otlp`` → the exporter of the configured protocol (the specific names stay)."""
+    if name != "otlp":
+        return name
+    protocol = (env.get(OTLP_TRACES_PROTOCOL_ENV) or env.get(OTLP_PROTOCOL_ENV) or "").strip().lower()
+    protocol = protocol or _DEFAULT_OTLP_PROTOCOL
+    if protocol not in _OTLP_BY_PROTOCOL:
+        raise TelemetryError(f"{OTLP_PROTOCOL_ENV}={protocol!r} is not supported; use grpc or http/protobuf")
+    return _OTLP_BY_PROTOCOL[protocol]
+
+
+def trace_exporter_names(env: Mapping[str, str]) -> list[str]:
+    """The span exporters the environment asks for, as entry point names (``otlp_proto_grpc``,
+    ``otlp_proto_http``, ``console``, …) plus ``file`` (pure; see the module docstring)."""
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() in _TRUE:
-        return "none"
-    if env.get(OTLP_TRACES_ENDPOINT_ENV, "").strip() or env.get(OTLP_ENDPOINT_ENV, "").strip():
-        return "otlp"
+        return []
+    names: list[str] = []
+    listed = env.get(TRACES_EXPORTER_ENV, "").strip()
+    if listed:
+        for raw in listed.split(","):
+            name = raw.strip().lower()
+            if name and name != "none" and _otlp_entry_point(name, env) not in names:
+                names.append(_otlp_entry_point(name, env))
+    elif env.get(OTLP_TRACES_ENDPOINT_ENV, "").strip() or env.get(OTLP_ENDPOINT_ENV, "").strip():
+        names.append(_otlp_entry_point("otlp", env))
+    elif env.get(TRACE_CONSOLE_ENV, "").strip().lower() in _TRUE:
+        names.append("console")
     if env.get(TRACE_FILE_ENV, "").strip():
-        return "file"
-    if env.get(TRACE_CONSOLE_ENV, "").strip().lower() in _TRUE:
-        return "console"
-    return "none"
+        names.append(FILE_EXPORTER)
+    return names
 
 
 def _file_exporter(path: str) -> SpanExporter:
@@ -88,39 +133,58 @@ def _file_exporter(path: str) -> SpanExporter:
     return ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(indent=None) + "\n")
 
 
-def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
-    # Imported lazily: the OTLP exporter pulls in protobuf and requests, which a service
-    # that does not export should not pay for at start-up.
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+def _exporter(name: str, env: Mapping[str, str]) -> SpanExporter:
+    """The exporter registered under ``name``, built with no arguments so that it reads its
+    own ``OTEL_EXPORTER_*`` settings (endpoint, headers, certificates, timeout, compression)."""
+    if name == FILE_EXPORTER:
+        return _file_exporter(env[TRACE_FILE_ENV].strip())
+    found = list(entry_points(group=_EXPORTER_GROUP, name=name))
+    if not found:
+        installed = sorted({e.name for e in entry_points(group=_EXPORTER_GROUP)})
+        raise TelemetryError(
+            f"{TRACES_EXPORTER_ENV}: no span exporter {name!r} is installed "
+            f"(installed: {', '.join(installed) or 'none'}; or none, to export nothing)"
+        )
+    try:
+        exporter = found[0].load()()
+    except Exception as exc:
+        raise TelemetryError(f"{TRACES_EXPORTER_ENV}: the {name!r} exporter cannot start: {exc}") from exc
+    if not isinstance(exporter, SpanExporter):
+        raise TelemetryError(f"{TRACES_EXPORTER_ENV}: {name!r} is not a span exporter")
+    return exporter
 
-    endpoint = env.get(OTLP_TRACES_ENDPOINT_ENV, "").strip()
-    if not endpoint:
-        endpoint = env[OTLP_ENDPOINT_ENV].strip().rstrip("/") + "/v1/traces"
-    return OTLPSpanExporter(endpoint=endpoint)
+
+def service_resource(service_name: str) -> Resource:
+    """The process's resource: ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` (read by
+    the SDK) win; ``service.name`` defaults to the service, ``service.namespace`` to respawn."""
+    given = OTELResourceDetector().detect().attributes
+    defaults = {"service.name": service_name, "service.namespace": "respawn"}
+    return Resource.create({k: v for k, v in defaults.items() if k not in given})
 
 
 def build_tracer_provider(
-    service_name: str, env: Mapping[str, str], *, exporter: SpanExporter | None = None
+    service_name: str, env: Mapping[str, str] | None = None, *, exporter: SpanExporter | None = None
 ) -> TracerProvider | None:
     """An SDK provider exporting as the environment asks, or None for the no-op API.
 
+    ``env`` (default: the process environment) chooses the exporters; the SDK's parts
+    (exporters, sampler, resource, batch processor) read the process environment themselves.
     ``exporter`` overrides the choice (tests pass an in-memory exporter).
     """
-    if exporter is None:
-        choice = select_trace_export(env)
-        if choice == "none":
-            return None
-        if choice == "otlp":
-            exporter = _otlp_exporter(env)
-        elif choice == "file":
-            exporter = _file_exporter(env[TRACE_FILE_ENV].strip())
-        else:
-            exporter = ConsoleSpanExporter()
-    resource = Resource.create({"service.name": service_name, "service.namespace": "respawn"})
-    provider = TracerProvider(resource=resource)
-    # Batch, never simple: a simple processor exports on the caller's thread and would
-    # stall the event loop on every span end.
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    env = os.environ if env is None else env
+    if exporter is not None:
+        exporters = [exporter]
+    else:
+        exporters = [_exporter(name, env) for name in trace_exporter_names(env)]
+    if not exporters:
+        return None
+    # No sampler given: the SDK takes OTEL_TRACES_SAMPLER (and _ARG), parentbased_always_on by
+    # default, so a sampled incident stays sampled across services.
+    provider = TracerProvider(resource=service_resource(service_name))
+    for each in exporters:
+        # Batch, never simple: a simple processor exports on the caller's thread and would
+        # stall the event loop on every span end.
+        provider.add_span_processor(BatchSpanProcessor(each))
     return provider
 
 
@@ -128,7 +192,8 @@ def build_tracer_provider(
 
 
 class _ContextFilter(logging.Filter):
-    """Adds ``service`` and ``trace`` (" trace_id=… span_id=…" or "") to every record."""
+    """Adds ``service``, ``trace_id`` and ``span_id`` ("" outside a span) and ``trace`` (" trace_id=…
+    span_id=…" or "") to every record."""
 
     def __init__(self, service: str) -> None:
         super().__init__()
@@ -137,7 +202,10 @@ class _ContextFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.service = self.service
         ctx = trace.get_current_span().get_span_context()
-        record.trace = f" trace_id={ctx.trace_id:032x} span_id={ctx.span_id:016x}" if ctx.is_valid else ""
+        trace_id = f"{ctx.trace_id:032x}" if ctx.is_valid else ""
+        span_id = f"{ctx.span_id:016x}" if ctx.is_valid else ""
+        record.trace_id, record.span_id = trace_id, span_id
+        record.trace = f" trace_id={trace_id} span_id={span_id}" if ctx.is_valid else ""
         return True
 
 
@@ -159,6 +227,35 @@ class _OneLineFormatter(logging.Formatter):
         return super().formatMessage(record)
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line: ``timestamp`` (RFC 3339, UTC, milliseconds),
+    ``level``, ``logger``, ``message``, ``service``, ``trace_id`` and ``span_id`` inside a span,
+    and ``exception`` (the traceback as one string) when the record has one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        out: dict[str, Any] = {
+            "timestamp": f"{stamp}.{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "service": getattr(record, "service", ""),
+        }
+        trace_id = getattr(record, "trace_id", "")
+        if trace_id:
+            out["trace_id"] = trace_id
+            out["span_id"] = getattr(record, "span_id", "")
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exception"] = record.exc_text
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        # json.dumps escapes newlines, so a traceback stays on the record's one line; default=str
+        # keeps a record whose arguments are not JSON from being lost.
+        return json.dumps(out, ensure_ascii=False, default=str)
+
+
 _HANDLER_MARK = "_respawn_handler"
 
 
@@ -173,8 +270,21 @@ def parse_log_level(raw: str | None) -> int:
     return level
 
 
-def setup_logging(service_name: str, *, level: int | None = None, stream: TextIO | None = None) -> None:
-    """Route every logger through one one-line handler on the root logger (idempotent)."""
+def parse_log_format(raw: str | None) -> LogFormat:
+    """``text`` (the default) or ``json``."""
+    name = (raw or "").strip().lower() or "text"
+    if name == "text":
+        return "text"
+    if name == "json":
+        return "json"
+    raise ValueError(f"{LOG_FORMAT_ENV}={raw!r} is not a log format; use text or json")
+
+
+def setup_logging(
+    service_name: str, *, level: int | None = None, stream: TextIO | None = None, fmt: LogFormat = "text"
+) -> None:
+    """Route every logger through one handler on the root logger (idempotent): one line per
+    record, as text or as a JSON object."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         if getattr(handler, _HANDLER_MARK, False):
@@ -182,7 +292,7 @@ def setup_logging(service_name: str, *, level: int | None = None, stream: TextIO
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     setattr(handler, _HANDLER_MARK, True)
     handler.addFilter(_ContextFilter(service_name))
-    handler.setFormatter(_OneLineFormatter())
+    handler.setFormatter(JsonFormatter() if fmt == "json" else _OneLineFormatter())
     root.addHandler(handler)
     root.setLevel(level if level is not None else logging.INFO)
     # nats-py logs every reconnect attempt at ERROR; the bus reports connection state itself.
@@ -197,7 +307,8 @@ class Telemetry:
     """What :func:`setup_telemetry` configured; call :meth:`shutdown` on exit to flush spans."""
 
     service_name: str
-    export: TraceExport
+    # The span exporters in use (entry point names, ``file``, or ``custom`` when given).
+    exporters: tuple[str, ...]
     provider: TracerProvider | None
 
     def shutdown(self) -> None:
@@ -212,11 +323,21 @@ def setup_telemetry(
     log_stream: TextIO | None = None,
     exporter: SpanExporter | None = None,
 ) -> Telemetry:
-    """Configure logging and tracing for one service process from the environment."""
+    """Configure logging and tracing for one service process from the environment.
+
+    Raises :class:`TelemetryError` (after logging is set up, so the caller can log it) when
+    the environment asks for what cannot be.
+    """
     env = os.environ if env is None else env
-    setup_logging(service_name, level=parse_log_level(env.get(LOG_LEVEL_ENV)), stream=log_stream)
+    try:
+        level = parse_log_level(env.get(LOG_LEVEL_ENV))
+        fmt = parse_log_format(env.get(LOG_FORMAT_ENV))
+    except ValueError as exc:
+        setup_logging(service_name, stream=log_stream)
+        raise TelemetryError(str(exc)) from exc
+    setup_logging(service_name, level=level, stream=log_stream, fmt=fmt)
     provider = build_tracer_provider(service_name, env, exporter=exporter)
-    export: TraceExport = select_trace_export(env) if exporter is None else "custom"
+    names = ("custom",) if exporter is not None else tuple(trace_exporter_names(env))
     if provider is not None:
         if isinstance(trace.get_tracer_provider(), TracerProvider):
             # OpenTelemetry allows one global provider per process; keep the first.
@@ -225,5 +346,5 @@ def setup_telemetry(
             provider = None
         else:
             trace.set_tracer_provider(provider)
-    log.info("telemetry ready: trace export %s", export)
-    return Telemetry(service_name=service_name, export=export, provider=provider)
+    log.info("telemetry ready: trace export %s", ", ".join(names) or "none")
+    return Telemetry(service_name=service_name, exporters=names, provider=provider)

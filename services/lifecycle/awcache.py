@@ -150,6 +150,14 @@ class AppWrapperCache(WatchedCache[Kept]):
             return GONE
         return UNKNOWN
 
+    def holding(self, key: Key, text: str) -> Mapping[str, Any] | None:
+        """The AppWrapper held, only if its kept form contains ``text`` (e.g. an annotation's
+        key): a look that decodes nothing for the AppWrappers that cannot match."""
+        entry = self._entries.get(key)
+        if entry is None or (isinstance(entry.value, str) and text not in entry.value):
+            return None
+        return _unpack(entry.value)
+
     def offer(self, obj: Mapping[str, Any]) -> None:
         """An AppWrapper read by a GET: taken if newer than what is held, no reconcile triggered
         (reading changes nothing)."""

@@ -49,7 +49,7 @@ from services.lifecycle.observed import Observed, ObservedComponent, controller_
 from services.lifecycle.placement.exclusion import excluded_nodes_patch
 from services.lifecycle.serverclock import ServerClock
 from shared import metrics, subjects
-from shared.appwrapper.constants import ANNOUNCED_ANNOTATION, FINALIZER
+from shared.appwrapper.constants import FINALIZER
 from shared.kube import KubeApiError, ResourceRef
 from shared.kubetime import format_kube_time, parse_kube_time
 from shared.messages import Message, Verdict
@@ -246,7 +246,14 @@ class Executor:
                     "status": plan.status,
                 }
                 t_write = time.perf_counter()
-                aw = await self.kube.replace_status(self.appwrappers, body)
+                was = str((aw.get("status") or {}).get("phase", ""))
+                # A span per status write, naming the phase it moves to: in an incident's trace,
+                # the write to Resetting is the reaction and the one to Running the recovery.
+                with tracer.start_as_current_span(
+                    "lifecycle.write_status",
+                    attributes={"appwrapper.phase": plan.phase, "appwrapper.previous_phase": was},
+                ):
+                    aw = await self.kube.replace_status(self.appwrappers, body)
                 self.server_clock.written_before(_status_written_at(aw), self.server_clock.local())
                 log.debug(
                     "%s/%s status written in %.0f ms",
@@ -410,10 +417,12 @@ class Executor:
             self.server_clock.local(),
         )
 
-    async def record_announced(self, aw: Mapping[str, Any], marker: str) -> bool:
-        """Record ``marker`` as the announced transition (``respawn.dev/announced``).
+    async def record(self, aw: Mapping[str, Any], annotations: Mapping[str, str | None]) -> bool:
+        """Record what a reconcile owes the AppWrapper's own annotations: the announced
+        transition (``respawn.dev/announced``) and the incident's trace
+        (``respawn.dev/incident-trace``; None removes it).
 
-        A merge patch without a precondition: it touches only that annotation, and a value
+        A merge patch without a precondition: it touches only those annotations, and a value
         overwritten by a slower replica with an older transition only makes the next pass re-send
         that transition's announcements, which their ids make harmless.
         """
@@ -422,13 +431,14 @@ class Executor:
             await self.kube.patch(
                 self.appwrappers,
                 meta["name"],
-                {"metadata": {"annotations": {ANNOUNCED_ANNOTATION: marker}}},
+                {"metadata": {"annotations": dict(annotations)}},
                 meta.get("namespace"),
             )
         except KubeApiError as exc:
             if not exc.not_found:
                 log.warning(
-                    "recording the announced transition of %s/%s failed (re-sent later): %s",
+                    "recording %s on %s/%s failed (recorded by a later pass): %s",
+                    ", ".join(sorted(annotations)),
                     meta.get("namespace"),
                     meta["name"],
                     exc,

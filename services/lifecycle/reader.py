@@ -145,6 +145,13 @@ class Reader:
             cache.offer(aw)
         return aw
 
+    def cached(self, key: Key, holding: str) -> Mapping[str, Any] | None:
+        """The AppWrapper as the cache holds it, if it does and its stored form contains
+        ``holding`` (no request, and nothing decoded for one that does not)."""
+        if self.appwrapper_cache is None:
+            return None
+        return self.appwrapper_cache.holding(key, holding)
+
     def refresh(self, key: Key) -> None:
         """The next read of the AppWrapper is a GET: a write lost to a newer version (409), and
         the cache may not have that version yet. (The GET's answer goes into the cache, so the

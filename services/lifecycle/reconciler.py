@@ -28,14 +28,14 @@ from services.lifecycle import announcements, validation
 from services.lifecycle.actions import CreateComponent, CreateOutcome, EmitEvent
 from services.lifecycle.executor import Executor
 from services.lifecycle.failures import Failures
-from services.lifecycle.incidents import Incidents
+from services.lifecycle.incidents import KEEP, Incidents
 from services.lifecycle.machine import FinalizerChange, reconcile
 from services.lifecycle.reader import Reader
 from services.lifecycle.templating import PodTemplateHook
 from services.lifecycle.verdicts import VerdictUse
 from services.lifecycle.workqueue import Key, WorkQueue
 from shared import metrics
-from shared.appwrapper.constants import ANNOUNCED_ANNOTATION
+from shared.appwrapper.constants import ANNOUNCED_ANNOTATION, INCIDENT_TRACE_ANNOTATION
 from shared.bus import TransientError
 from shared.config import NodeExclusionConfig
 from shared.faulttolerance import FaultTolerance
@@ -133,11 +133,17 @@ class Reconciler:
         """
         lock = self.locks.setdefault(key, asyncio.Lock())
         async with lock:
-            # A verdict arrives inside its incident's trace (the bus continues the producer's
-            # context). Later passes of the same reset (deletion stages, recreation) are
-            # triggered by observations and timers, so they rejoin the incident's trace here.
-            fresh = verdict is not None and verdict.state == "Unhealthy"
-            parent = None if fresh else self.incidents.context(key)
+            # An arriving Unhealthy verdict (``urgent``) is handled inside its incident's trace
+            # (the bus continues the producer's context). Later passes of the same reset
+            # (deletion stages, recreation, Running again) are triggered by observations and
+            # timers, and are handed the same verdict as the latest: they rejoin the incident's
+            # trace here, the one this process remembers or, after a restart or a takeover, the
+            # one the AppWrapper's annotation records (from the cache: no request).
+            if not urgent and key not in self.incidents:
+                cached = self.reader.cached(key, INCIDENT_TRACE_ANNOTATION)
+                if cached is not None:
+                    self.incidents.adopt(key, cached)
+            parent = None if urgent else self.incidents.context(key)
             with tracer.start_as_current_span(
                 "lifecycle.reconcile",
                 context=parent,
@@ -174,6 +180,10 @@ class Reconciler:
                 RECONCILES.labels(outcome="gone").inc()
                 return VerdictUse.SETTLED
             state.aw = aw
+            # Read by a GET (the cache could not answer before the span began): a reset under
+            # way is still remembered, so that its annotation is kept and later passes rejoin it.
+            self.incidents.adopt(key, aw)
+            self.incidents.orphaned(key, aw)
             effective = validation.parameters(aw, self.defaults, self.transient_limit)
             params = effective.ft
             await self._tell_problems(aw, effective.warnings)
@@ -286,19 +296,28 @@ class Reconciler:
         if outcome:
             RECONCILES.labels(outcome=outcome).inc()
             self.queue.requeue_at(self.clock(), key)
-        await self._record(state)
+        await self._record(key, state)
         return use
 
-    async def _record(self, state: _Announced) -> None:
-        """Record the transition whose announcements were all delivered (one patch, once per
-        reconcile, only when the AppWrapper's record says otherwise)."""
-        if state.aw is None or state.sent is None or state.vanishing or state.transition is None:
+    async def _record(self, key: Key, state: _Announced) -> None:
+        """Record what this reconcile owes the AppWrapper's annotations, in one patch, only when
+        they say otherwise: the transition whose announcements were all delivered, and the
+        incident's trace (set when a reset began, removed when it ended)."""
+        if state.aw is None or state.vanishing:
             return
-        if announcements.covers(announcements.announced_marker(state.aw), state.transition):
-            return
-        if state.sent != state.transition.marker:
-            return
-        await self.executor.record_announced(state.aw, state.sent)
+        annotations: dict[str, str | None] = {}
+        if (
+            state.sent is not None
+            and state.transition is not None
+            and state.sent == state.transition.marker
+            and not announcements.covers(announcements.announced_marker(state.aw), state.transition)
+        ):
+            annotations[ANNOUNCED_ANNOTATION] = state.sent
+        incident = self.incidents.annotation(key, state.aw)
+        if incident is not KEEP:
+            annotations[INCIDENT_TRACE_ANNOTATION] = incident if isinstance(incident, str) else None
+        if annotations:
+            await self.executor.record(state.aw, annotations)
 
     async def _tell_problems(self, aw: Mapping[str, Any], warnings: tuple[str, ...]) -> None:
         """Tell the AppWrapper's owner about each value lifecycle cannot use (an Event once per

@@ -437,10 +437,14 @@ async def _serve(options: Options, config: Any, kube: Kube, stopping: asyncio.Ev
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from shared.telemetry import setup_telemetry
+    from shared.telemetry import TelemetryError, setup_telemetry
 
     options = parse_options(argv)
-    telemetry = setup_telemetry("webhook")
+    try:
+        telemetry = setup_telemetry("webhook")
+    except TelemetryError as exc:
+        log.error("invalid telemetry settings: %s", exc)
+        sys.exit(2)
     try:
         code = asyncio.run(serve(options))
     finally:

@@ -50,6 +50,11 @@ RESPAWN_PREFIX: Final = "respawn.dev/"
 # status whose transition differs has announcements owed, which a later pass re-sends.
 ANNOUNCED_ANNOTATION: Final = f"{RESPAWN_PREFIX}announced"
 
+# On the AppWrapper while a reset is under way: the W3C traceparent of the incident's trace
+# (services/lifecycle/incidents.py). Every later pass of the reset, in whichever lifecycle
+# process, continues that trace, so one incident is one trace even across a restart.
+INCIDENT_TRACE_ANNOTATION: Final = f"{RESPAWN_PREFIX}incident-trace"
+
 # On every wrapped resource lifecycle creates: "<AppWrapper uid>/<attempt>/<component index>",
 # the attempt being when its resources began to be deployed (compact UTC). A component created
 # under a generated name is found (adopted) by it if the name never made it into the status,

@@ -505,9 +505,12 @@ class Consumer(Generic[M]):
         )
         if not traced:
             return await self._handle(msg, md, message, delivery, INVALID_SPAN)
+        # OpenTelemetry's messaging semantic conventions (a consumer span per message handled).
         attributes = {
             "messaging.system": "nats",
             "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.message.body.size": len(msg.data or b""),
             "messaging.destination.name": msg.subject,
             "messaging.consumer.group.name": self.durable,
             "messaging.message.id": delivery.msg_id,

@@ -123,11 +123,14 @@ async def publish(
     all_headers[SCHEMA_HEADER] = message.schema_id()
     if ttl is not None:
         all_headers[TTL_HEADER] = ttl_value(ttl)
-    attributes = {
+    # OpenTelemetry's messaging semantic conventions (a producer span per publish).
+    attributes: dict[str, str | int] = {
         "messaging.system": "nats",
         "messaging.operation.type": "send",
+        "messaging.operation.name": "publish",
         "messaging.destination.name": subject,
         "messaging.message.id": msg_id,
+        "messaging.message.body.size": len(payload),
     }
     with tracer.start_as_current_span(
         f"send {message.KIND}", kind=SpanKind.PRODUCER, attributes=attributes

@@ -144,6 +144,18 @@ def test_an_appwrapper_is_answered_from_the_cache_less_its_field_sets() -> None:
     assert cache.lookup(("team", "a")).obj["status"] == {}  # type: ignore[index]
 
 
+def test_an_appwrapper_is_handed_out_by_what_it_holds_only_if_it_holds_it() -> None:
+    cache = AppWrapperCache()
+    marked = appwrapper("marked")
+    marked["metadata"]["annotations"] = {"respawn.dev/incident-trace": "00-ab-cd-01"}
+    feed(cache, appwrapper("plain"), marked)
+    assert cache.holding(("team", "plain"), "respawn.dev/incident-trace") is None
+    assert cache.holding(("team", "absent"), "respawn.dev/incident-trace") is None
+    found = cache.holding(("team", "marked"), "respawn.dev/incident-trace")
+    assert found is not None
+    assert found["metadata"]["annotations"] == {"respawn.dev/incident-trace": "00-ab-cd-01"}
+
+
 def test_absence_is_unknown_before_the_list_has_synced_and_for_one_never_seen() -> None:
     cache = AppWrapperCache()
     assert not cache.lookup(("team", "a")).known

@@ -1,4 +1,4 @@
-"""Trace-context headers, exporter choice and the log line format."""
+"""Trace-context headers, exporter choice from the OTEL_* environment, and the log line formats."""
 
 from __future__ import annotations
 
@@ -15,13 +15,16 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from shared.telemetry import (
+    TelemetryError,
     build_tracer_provider,
     current_trace_id,
     extract_context,
     inject_headers,
+    parse_log_format,
     parse_log_level,
-    select_trace_export,
     setup_logging,
+    setup_telemetry,
+    trace_exporter_names,
 )
 
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
@@ -84,37 +87,117 @@ def test_current_trace_id() -> None:
 # ------------------------------------------------------------------ exporter choice
 
 
+GRPC, HTTP = "otlp_proto_grpc", "otlp_proto_http"
+
+
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
-        ({}, "none"),
-        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, "otlp"),
-        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, "otlp"),
-        ({"RESPAWN_TRACE_CONSOLE": "1"}, "console"),
-        ({"RESPAWN_TRACE_CONSOLE": "0"}, "none"),
-        ({"RESPAWN_TRACE_CONSOLE": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, "otlp"),
-        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "  "}, "none"),
-        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}, "none"),
+        ({}, []),
+        # Unset OTEL_TRACES_EXPORTER: OTLP only when a collector is named.
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, [HTTP]),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, [HTTP]),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, [GRPC]),
+        ({"RESPAWN_TRACE_CONSOLE": "1"}, ["console"]),
+        ({"RESPAWN_TRACE_CONSOLE": "0"}, []),
+        ({"RESPAWN_TRACE_CONSOLE": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, [HTTP]),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "  "}, []),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}, []),
+        # OTEL_TRACES_EXPORTER as the specification has it.
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, [HTTP]),
+        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, [GRPC]),
+        (
+            {
+                "OTEL_TRACES_EXPORTER": "otlp",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            },
+            [HTTP],
+        ),
+        ({"OTEL_TRACES_EXPORTER": "otlp_proto_grpc"}, [GRPC]),
+        ({"OTEL_TRACES_EXPORTER": "console, otlp"}, ["console", HTTP]),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, []),
+        ({"OTEL_TRACES_EXPORTER": "console", "RESPAWN_TRACE_FILE": "/tmp/s.jsonl"}, ["console", "file"]),
+        ({"RESPAWN_TRACE_FILE": "/tmp/s.jsonl"}, ["file"]),
     ],
 )
-def test_select_trace_export(env: dict[str, str], expected: str) -> None:
-    assert select_trace_export(env) == expected
+def test_trace_exporter_names(env: dict[str, str], expected: list[str]) -> None:
+    assert trace_exporter_names(env) == expected
+
+
+def test_an_unsupported_otlp_protocol_is_refused_with_the_fix() -> None:
+    with pytest.raises(TelemetryError, match="use grpc or http/protobuf"):
+        trace_exporter_names({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+
+
+def test_an_exporter_that_is_not_installed_is_refused_naming_those_that_are() -> None:
+    with pytest.raises(
+        TelemetryError, match=r"no span exporter 'zipkin' is installed \(installed: .*console"
+    ):
+        build_tracer_provider("health", {"OTEL_TRACES_EXPORTER": "zipkin"})
 
 
 def test_no_exporter_means_no_sdk_provider() -> None:
     assert build_tracer_provider("health", {}) is None
 
 
-def test_otlp_provider_targets_the_traces_path_and_names_the_service() -> None:
-    provider = build_tracer_provider("health", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/"})
+def exporters_of(provider: TracerProvider) -> list[object]:
+    return [p.span_exporter for p in provider._active_span_processor._span_processors]  # type: ignore[attr-defined]
+
+
+def test_otlp_http_exporter_reads_its_endpoint_and_the_service_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")
+    provider = build_tracer_provider("health")
     assert provider is not None
     try:
         assert provider.resource.attributes["service.name"] == "health"
-        exporters = [p.span_exporter for p in provider._active_span_processor._span_processors]  # type: ignore[attr-defined]
-        assert [type(e).__name__ for e in exporters] == ["OTLPSpanExporter"]
-        assert exporters[0]._endpoint == "http://collector:4318/v1/traces"
+        assert provider.resource.attributes["service.namespace"] == "respawn"
+        [exporter] = exporters_of(provider)
+        assert type(exporter).__module__.startswith("opentelemetry.exporter.otlp.proto.http")
+        # The exporter itself appends the signal's path to the generic endpoint.
+        assert exporter._endpoint == "http://collector:4318/v1/traces"  # type: ignore[attr-defined]
     finally:
         provider.shutdown()
+
+
+def test_otlp_grpc_exporter_is_chosen_by_the_protocol(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")
+    provider = build_tracer_provider("health")
+    assert provider is not None
+    try:
+        [exporter] = exporters_of(provider)
+        assert type(exporter).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc")
+    finally:
+        provider.shutdown()
+
+
+def test_service_name_and_resource_attributes_from_the_environment_win(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "respawn-health-eu")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod,service.namespace=ml")
+    provider = build_tracer_provider("health", exporter=InMemorySpanExporter())
+    assert provider is not None
+    attributes = provider.resource.attributes
+    assert (attributes["service.name"], attributes["service.namespace"]) == ("respawn-health-eu", "ml")
+    assert attributes["deployment.environment"] == "prod"
+    provider.shutdown()
+
+
+def test_the_sampler_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    exporter = InMemorySpanExporter()
+    provider = build_tracer_provider("health", exporter=exporter)
+    assert provider is not None
+    with provider.get_tracer("t").start_as_current_span("dropped"):
+        pass
+    provider.force_flush()
+    assert exporter.get_finished_spans() == ()
+    provider.shutdown()
 
 
 def test_provider_with_given_exporter_records_spans() -> None:
@@ -193,15 +276,76 @@ def test_parse_log_level_rejects_unknown_names_with_the_fix() -> None:
 
 
 def test_trace_file_export_writes_json_lines(tmp_path: Path) -> None:
-    from shared.telemetry import build_tracer_provider, select_trace_export
-
     path = tmp_path / "spans.jsonl"
-    env = {"RESPAWN_TRACE_FILE": str(path)}
-    assert select_trace_export(env) == "file"
-    provider = build_tracer_provider("probe", env)
+    provider = build_tracer_provider("probe", {"RESPAWN_TRACE_FILE": str(path)})
     assert provider is not None
     with provider.get_tracer("t").start_as_current_span("work"):
         pass
     provider.shutdown()
     lines = path.read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["name"] == "work"
+
+
+# ------------------------------------------------------------------ JSON log lines
+
+
+@pytest.fixture
+def json_output() -> Iterator[io.StringIO]:
+    root = logging.getLogger()
+    saved_handlers, saved_level = list(root.handlers), root.level
+    out = io.StringIO()
+    setup_logging("lifecycle", level=logging.DEBUG, stream=out, fmt="json")
+    try:
+        yield out
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+
+
+def test_json_log_line_has_time_level_logger_message_and_service(json_output: io.StringIO) -> None:
+    logging.getLogger("respawn.test").info("verdict %s", "Unhealthy")
+    [line] = json_output.getvalue().splitlines()
+    record = json.loads(line)
+    assert record.pop("timestamp").endswith("Z")
+    assert record == {
+        "level": "INFO",
+        "logger": "respawn.test",
+        "message": "verdict Unhealthy",
+        "service": "lifecycle",
+    }
+
+
+def test_json_log_line_carries_the_active_trace(json_output: io.StringIO) -> None:
+    with trace.use_span(remote_context()):
+        logging.getLogger("respawn.test").warning("inside")
+    record = json.loads(json_output.getvalue())
+    assert (record["trace_id"], record["span_id"]) == (f"{TRACE_ID:032x}", f"{SPAN_ID:016x}")
+
+
+def test_json_log_line_keeps_a_traceback_and_newlines_on_one_line(json_output: io.StringIO) -> None:
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        logging.getLogger("respawn.test").exception("first\nsecond")
+    [line] = json_output.getvalue().splitlines()
+    record = json.loads(line)
+    assert record["message"] == "first\nsecond"
+    assert record["exception"].startswith("Traceback") and "RuntimeError: boom" in record["exception"]
+
+
+@pytest.mark.parametrize(("raw", "fmt"), [(None, "text"), ("", "text"), ("TEXT", "text"), (" json ", "json")])
+def test_parse_log_format(raw: str | None, fmt: str) -> None:
+    assert parse_log_format(raw) == fmt
+
+
+def test_setup_telemetry_refuses_an_unknown_log_format_with_the_fix() -> None:
+    root = logging.getLogger()
+    saved_handlers, saved_level = list(root.handlers), root.level
+    try:
+        with pytest.raises(
+            TelemetryError, match="RESPAWN_LOG_FORMAT='xml' is not a log format; use text or json"
+        ):
+            setup_telemetry("health", env={"RESPAWN_LOG_FORMAT": "xml"}, log_stream=io.StringIO())
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
