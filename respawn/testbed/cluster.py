@@ -2,10 +2,11 @@
 
 `up` starts etcd, kube-apiserver (TLS + RBAC), kube-controller-manager, kube-scheduler,
 kwok (fake nodes and pod lifecycles following the pod simulation contract), the Kubeflow
-training operator, the JobSet controller, the KubeRay operator and nats-server (with ``nats_tls``, requiring TLS with a certificate of the
-testbed's CA), each as its own process on 127.0.0.1 with free ports, and returns once all of
-them are ready; with ``real_node`` also containerd and a kubelet, a node that runs pods for real
-(``respawn.testbed.realnode``). `down` stops by pid whatever `up` recorded in
+training operator, the JobSet controller, the KubeRay operator and nats-server (with
+``nats_tls``, requiring TLS with a certificate of the testbed's CA), each as its own process on
+127.0.0.1 with free ports, and returns once all of them are ready; with ``real_node`` also
+containerd and a kubelet, a node that runs pods for real (``respawn.testbed.realnode``). `down`
+stops by pid whatever `up` recorded in
 ``DIR/state.json`` and removes the state directory.
 """
 
@@ -215,7 +216,8 @@ webhooks:
   failurePolicy: Fail
   clientConfig: {{url: "{url}/mutate-jobset-x-k8s-io-v1alpha2-jobset", caBundle: {ca}}}
   rules:
-  - {{apiGroups: [jobset.x-k8s.io], apiVersions: [v1alpha2], operations: [CREATE, UPDATE], resources: [jobsets]}}
+  - {{apiGroups: [jobset.x-k8s.io], apiVersions: [v1alpha2], operations: [CREATE, UPDATE],
+     resources: [jobsets]}}
 ---
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingWebhookConfiguration
@@ -227,7 +229,8 @@ webhooks:
   failurePolicy: Fail
   clientConfig: {{url: "{url}/validate-jobset-x-k8s-io-v1alpha2-jobset", caBundle: {ca}}}
   rules:
-  - {{apiGroups: [jobset.x-k8s.io], apiVersions: [v1alpha2], operations: [CREATE, UPDATE], resources: [jobsets]}}
+  - {{apiGroups: [jobset.x-k8s.io], apiVersions: [v1alpha2], operations: [CREATE, UPDATE],
+     resources: [jobsets]}}
 """
 
 

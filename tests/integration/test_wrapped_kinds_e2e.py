@@ -23,7 +23,14 @@ from respawn.testbed.modes import Endpoints
 from shared.appwrapper.model import read_appwrapper
 from shared.appwrapper.podsets import component_pod_sets
 from tests.integration.conftest import services_on
-from tests.integration.objects import FAST_RESET, apply, get_appwrapper, labelled_pods, running_pods, wait_phase
+from tests.integration.objects import (
+    FAST_RESET,
+    apply,
+    get_appwrapper,
+    labelled_pods,
+    running_pods,
+    wait_phase,
+)
 from tests.waiting import until
 
 pytestmark = pytest.mark.testbed
