@@ -168,6 +168,10 @@ async def test_wrapped_kind_runs_resets_on_a_pod_failure_and_is_removed_with_its
         done=lambda pods: len(pods) == expected,
         within=60,
     )
+    if kind.id == "jobset":
+        # Defaulted by the JobSet controller's admission webhook, which its reconciler relies on.
+        stored = sim.get_json(kc, "jobsets.jobset.x-k8s.io", "trainer", "-n", namespace)
+        assert stored["spec"]["successPolicy"]["operator"] == "All"
     if kind.id == "rayjob":
         await until(
             "the RayJob to be deployed and its submitter pod running",

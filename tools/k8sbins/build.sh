@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Builds the local testbed's binaries, and a kubelet and crictl for running real pods, from the
 # Go module proxy and caches them outside the repository, keyed by version (a binary
-# added to the list lands in the same directory, so the testbed finds the others).
+# added to the list lands in the same directory, so the testbed finds the others). The
+# controllers of further wrapped kinds (JobSet, KubeRay) each get a directory of their own, keyed
+# by their own version: see "add-on controllers" below.
 # Idempotent: a binary that is already in the cache is not rebuilt. Prints one
 # progress line per step.
 #
 #   tools/k8sbins/build.sh            # build whatever is missing
 #   RESPAWN_CACHE_DIR=/x tools/k8sbins/build.sh
+#   ADDON=jobset tools/k8sbins/build.sh   # of the add-on controllers, only this one
 #
 # Versions are pinned in versions.env next to this script.
 set -euo pipefail
