@@ -184,41 +184,35 @@ def _module_dir(module: str) -> Path:
 
 
 def crd_files() -> list[Path]:
-    """The CRDs of the kinds users wrap, copied into the binary cache once."""
+    """The CRDs of the kinds users wrap, copied into the binary cache once: beside the binaries
+    of the version they come with (an add-on controller's into its own directory, so that a new
+    pinned version brings its own CRDs)."""
     v = versions()
-    dest = bin_dir() / "crds"
+    crds = bin_dir() / "crds"
+    kuberay = f"github.com/ray-project/kuberay/ray-operator@{v['KUBERAY_VERSION']}"
+    ray_crds = addon_path("ray-operator").parent / "crds"
     wanted = {
-        "kubeflow.org_pytorchjobs.yaml": (
+        crds / "kubeflow.org_pytorchjobs.yaml": (
             f"github.com/kubeflow/training-operator@{v['TRAINING_OPERATOR_VERSION']}",
             "manifests/base/crds/kubeflow.org_pytorchjobs.yaml",
         ),
-        "scheduling.x-k8s.io_podgroups.yaml": (
+        crds / "scheduling.x-k8s.io_podgroups.yaml": (
             f"sigs.k8s.io/scheduler-plugins@{v['SCHEDULER_PLUGINS_VERSION']}",
             "config/crd/bases/scheduling.x-k8s.io_podgroups.yaml",
         ),
-        "jobset.x-k8s.io_jobsets.yaml": (
+        addon_path("jobset").parent / "crds" / "jobset.x-k8s.io_jobsets.yaml": (
             f"sigs.k8s.io/jobset@{v['JOBSET_VERSION']}",
             "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
         ),
-        "ray.io_rayclusters.yaml": (
-            f"github.com/ray-project/kuberay/ray-operator@{v['KUBERAY_VERSION']}",
-            "config/crd/bases/ray.io_rayclusters.yaml",
-        ),
-        "ray.io_rayjobs.yaml": (
-            f"github.com/ray-project/kuberay/ray-operator@{v['KUBERAY_VERSION']}",
-            "config/crd/bases/ray.io_rayjobs.yaml",
-        ),
+        ray_crds / "ray.io_rayclusters.yaml": (kuberay, "config/crd/bases/ray.io_rayclusters.yaml"),
+        ray_crds / "ray.io_rayjobs.yaml": (kuberay, "config/crd/bases/ray.io_rayjobs.yaml"),
         # Not a kind users wrap, but the operator watches it: it does not start without the CRD.
-        "ray.io_rayservices.yaml": (
-            f"github.com/ray-project/kuberay/ray-operator@{v['KUBERAY_VERSION']}",
-            "config/crd/bases/ray.io_rayservices.yaml",
-        ),
+        ray_crds / "ray.io_rayservices.yaml": (kuberay, "config/crd/bases/ray.io_rayservices.yaml"),
     }
     out = []
-    for name, (module, rel) in wanted.items():
-        target = dest / name
+    for target, (module, rel) in wanted.items():
         if not target.exists():
-            dest.mkdir(parents=True, exist_ok=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
             src = _module_dir(module) / rel
             if not src.exists():
                 raise TestbedError(

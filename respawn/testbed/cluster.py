@@ -527,8 +527,8 @@ def up(
         log(f"creating {nodes} fake nodes with {GPU_RESOURCE}: 8 each")
         kubectl(kubeconfig, "apply", "-f", "-", stdin="---\n".join(node_manifest(i) for i in range(nodes)))
         log("installing the PyTorchJob, PodGroup, JobSet, RayCluster, RayJob and RayService CRDs")
-        for crd in bins.crds:
-            kubectl(kubeconfig, "apply", "--server-side", "-f", str(crd))
+        # One call for all: each kubectl start costs a few hundred milliseconds.
+        kubectl(kubeconfig, "apply", "--server-side", *(f"--filename={crd}" for crd in bins.crds))
         kubectl(kubeconfig, "apply", "-f", "-", stdin=_TRAINING_OPERATOR_PREREQS)
         _seed_training_operator_certs(kubeconfig)
         kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
