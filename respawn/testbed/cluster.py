@@ -6,8 +6,7 @@ training operator, the JobSet controller, the KubeRay operator and nats-server (
 ``nats_tls``, requiring TLS with a certificate of the testbed's CA), each as its own process on
 127.0.0.1 with free ports, and returns once all of them are ready; with ``real_node`` also
 containerd and a kubelet, a node that runs pods for real (``respawn.testbed.realnode``). `down`
-stops by pid whatever `up` recorded in
-``DIR/state.json`` and removes the state directory.
+stops by pid whatever `up` recorded in ``DIR/state.json`` and removes the state directory.
 """
 
 from __future__ import annotations
