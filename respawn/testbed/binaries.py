@@ -2,8 +2,10 @@
 
 The Kubernetes control plane, etcd, kwok and the Kubeflow training operator are built
 from the Go module proxy by ``tools/k8sbins/build.sh`` into a cache outside the
-repository keyed by version; the CRDs of the kinds users wrap (PyTorchJob, PodGroup)
-come from the same pinned modules in the Go module cache.
+repository keyed by version; the controllers of further wrapped kinds (JobSet, KubeRay) are
+built by the same script, each into a directory of its own keyed by its own version
+(:func:`addon`). The CRDs of the kinds users wrap (PyTorchJob, PodGroup, JobSet, RayCluster,
+RayJob) come from the same pinned modules in the Go module cache.
 """
 
 from __future__ import annotations
@@ -73,7 +75,45 @@ class Binaries:
     crds: tuple[Path, ...]
 
     def path(self, component: str) -> Path:
-        return self.dir / component
+        return addon_path(component) if component in ADDONS else self.dir / component
+
+
+# Controllers built beside the Kubernetes directory, each in ``bin/<name>-<version>/<name>``:
+# name -> the key of its version in versions.env.
+ADDONS = {"jobset": "JOBSET_VERSION", "ray-operator": "KUBERAY_VERSION"}
+
+
+def addon_path(name: str) -> Path:
+    """Where the add-on controller ``name`` is (or will be) in the cache."""
+    if name not in ADDONS:
+        raise TestbedError(f"unknown testbed controller {name!r}; known: {', '.join(sorted(ADDONS))}")
+    version = versions()[ADDONS[name]]
+    return cache_root() / "bin" / f"{name}-{version}" / name
+
+
+def addon(name: str) -> Path:
+    """The path of the add-on controller ``name``, built first if it is not in the cache yet."""
+    path = addon_path(name)
+    if os.access(path, os.X_OK):
+        return path
+    if shutil.which("go") is None:
+        raise TestbedError(
+            f"'go' not found on PATH and {name} is not built yet; "
+            "install Go >= 1.24 (https://go.dev/dl) and retry"
+        )
+    proc = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)],
+        stdout=subprocess.DEVNULL,
+        stderr=sys.stderr,
+        env={**os.environ, "ADDON": name},
+        check=False,
+    )
+    if proc.returncode != 0 or not os.access(path, os.X_OK):
+        raise TestbedError(
+            f"building {name} failed (exit {proc.returncode}); see the build output above, "
+            "fix it and rerun 'make binaries'"
+        )
+    return path
 
 
 def missing(components: tuple[str, ...] = COMPONENTS) -> list[str]:
@@ -115,6 +155,8 @@ def ensure(*, quiet: bool = False, real_node: bool = False) -> Binaries:
                 f"{', '.join(missing(components)) or 'none'}); see the build output above, "
                 "fix it and rerun 'make binaries'"
             )
+    for name in ADDONS:
+        addon(name)
     return Binaries(dir=bin_dir(), nats_server=nats_server_path(), crds=tuple(crd_files()))
 
 
@@ -142,24 +184,35 @@ def _module_dir(module: str) -> Path:
 
 
 def crd_files() -> list[Path]:
-    """The CRDs of the kinds users wrap, copied into the binary cache once."""
+    """The CRDs of the kinds users wrap, copied into the binary cache once: beside the binaries
+    of the version they come with (an add-on controller's into its own directory, so that a new
+    pinned version brings its own CRDs)."""
     v = versions()
-    dest = bin_dir() / "crds"
+    crds = bin_dir() / "crds"
+    kuberay = f"github.com/ray-project/kuberay/ray-operator@{v['KUBERAY_VERSION']}"
+    ray_crds = addon_path("ray-operator").parent / "crds"
     wanted = {
-        "kubeflow.org_pytorchjobs.yaml": (
+        crds / "kubeflow.org_pytorchjobs.yaml": (
             f"github.com/kubeflow/training-operator@{v['TRAINING_OPERATOR_VERSION']}",
             "manifests/base/crds/kubeflow.org_pytorchjobs.yaml",
         ),
-        "scheduling.x-k8s.io_podgroups.yaml": (
+        crds / "scheduling.x-k8s.io_podgroups.yaml": (
             f"sigs.k8s.io/scheduler-plugins@{v['SCHEDULER_PLUGINS_VERSION']}",
             "config/crd/bases/scheduling.x-k8s.io_podgroups.yaml",
         ),
+        addon_path("jobset").parent / "crds" / "jobset.x-k8s.io_jobsets.yaml": (
+            f"sigs.k8s.io/jobset@{v['JOBSET_VERSION']}",
+            "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
+        ),
+        ray_crds / "ray.io_rayclusters.yaml": (kuberay, "config/crd/bases/ray.io_rayclusters.yaml"),
+        ray_crds / "ray.io_rayjobs.yaml": (kuberay, "config/crd/bases/ray.io_rayjobs.yaml"),
+        # Not a kind users wrap, but the operator watches it: it does not start without the CRD.
+        ray_crds / "ray.io_rayservices.yaml": (kuberay, "config/crd/bases/ray.io_rayservices.yaml"),
     }
     out = []
-    for name, (module, rel) in wanted.items():
-        target = dest / name
+    for target, (module, rel) in wanted.items():
         if not target.exists():
-            dest.mkdir(parents=True, exist_ok=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
             src = _module_dir(module) / rel
             if not src.exists():
                 raise TestbedError(

@@ -2,11 +2,11 @@
 
 `up` starts etcd, kube-apiserver (TLS + RBAC), kube-controller-manager, kube-scheduler,
 kwok (fake nodes and pod lifecycles following the pod simulation contract), the Kubeflow
-training operator and nats-server (with ``nats_tls``, requiring TLS with a certificate of the
-testbed's CA), each as its own process on 127.0.0.1 with free ports, and returns once all of
-them are ready; with ``real_node`` also containerd and a kubelet, a node that runs pods for real
-(``respawn.testbed.realnode``). `down` stops by pid whatever `up` recorded in
-``DIR/state.json`` and removes the state directory.
+training operator, the JobSet controller, the KubeRay operator and nats-server (with
+``nats_tls``, requiring TLS with a certificate of the testbed's CA), each as its own process on
+127.0.0.1 with free ports, and returns once all of them are ready; with ``real_node`` also
+containerd and a kubelet, a node that runs pods for real (``respawn.testbed.realnode``). `down`
+stops by pid whatever `up` recorded in ``DIR/state.json`` and removes the state directory.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import subprocess
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from respawn.testbed import binaries, pki, ports, realnode
@@ -199,6 +200,62 @@ def _seed_training_operator_certs(kubeconfig: Path) -> None:
         (TRAINING_OPERATOR_CERT_DIR / name).write_bytes(data)
 
 
+# JobSet's controller defaults and validates JobSets in its admission webhook (the controller
+# relies on the defaults: a JobSet without them is never reconciled), so the webhook runs. Without
+# kube-proxy no Service routes to it: the API server calls it at its loopback URL, trusting the
+# testbed's CA. Only the JobSet webhooks are registered, not JobSet's pod webhooks: those serve
+# exclusive placement only, and would put the controller in the path of every pod created.
+_JOBSET_WEBHOOKS = """apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata: {{name: jobset-mutating-webhook-configuration}}
+webhooks:
+- name: mjobset.kb.io
+  admissionReviewVersions: [v1]
+  sideEffects: None
+  failurePolicy: Fail
+  clientConfig: {{url: "{url}/mutate-jobset-x-k8s-io-v1alpha2-jobset", caBundle: {ca}}}
+  rules:
+  - {{apiGroups: [jobset.x-k8s.io], apiVersions: [v1alpha2], operations: [CREATE, UPDATE],
+     resources: [jobsets]}}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata: {{name: jobset-validating-webhook-configuration}}
+webhooks:
+- name: vjobset.kb.io
+  admissionReviewVersions: [v1]
+  sideEffects: None
+  failurePolicy: Fail
+  clientConfig: {{url: "{url}/validate-jobset-x-k8s-io-v1alpha2-jobset", caBundle: {ca}}}
+  rules:
+  - {{apiGroups: [jobset.x-k8s.io], apiVersions: [v1alpha2], operations: [CREATE, UPDATE],
+     resources: [jobsets]}}
+"""
+
+
+def _jobset_config(state_dir: Path, p: pki.Pki, pp: dict[str, int]) -> Path:
+    """JobSet's configuration file: loopback ports, no leader election, and no certificate
+    rotation (it would want a Secret and a Service in its own namespace); its webhook and metrics
+    servers use a certificate for 127.0.0.1 from the testbed's CA instead."""
+    certs = state_dir / "jobset-certs"
+    certs.mkdir(exist_ok=True)
+    crt, key = pki.serving_cert(p, "jobset")
+    shutil.copyfile(crt, certs / "tls.crt")
+    shutil.copyfile(key, certs / "tls.key")
+    config = state_dir / "jobset-config.yaml"
+    config.write_text(
+        f"""apiVersion: config.jobset.x-k8s.io/v1alpha1
+kind: Configuration
+leaderElection: {{leaderElect: false}}
+internalCertManagement: {{enable: false}}
+health: {{healthProbeBindAddress: "127.0.0.1:{pp["jobset-probes"]}"}}
+metrics: {{bindAddress: "127.0.0.1:{pp["jobset-metrics"]}", certDir: "{certs}"}}
+webhook: {{host: 127.0.0.1, port: {pp["jobset-webhook"]}, certDir: "{certs}"}}
+"""
+    )
+    return config
+
+
 def _check_ports_free(requested: dict[str, int]) -> None:
     for name, port in requested.items():
         if ports.port_in_use(port):
@@ -287,6 +344,11 @@ def up(
             "to-metrics",
             "to-probe",
             "to-webhook",
+            "jobset-probes",
+            "jobset-metrics",
+            "jobset-webhook",
+            "ray-operator-probes",
+            "ray-operator-metrics",
         )
     }
     api_url = f"https://127.0.0.1:{pp['apiserver']}"
@@ -463,9 +525,9 @@ def up(
 
         log(f"creating {nodes} fake nodes with {GPU_RESOURCE}: 8 each")
         kubectl(kubeconfig, "apply", "-f", "-", stdin="---\n".join(node_manifest(i) for i in range(nodes)))
-        log("installing the PyTorchJob and PodGroup CRDs")
-        for crd in bins.crds:
-            kubectl(kubeconfig, "apply", "--server-side", "-f", str(crd))
+        log("installing the PyTorchJob, PodGroup, JobSet, RayCluster, RayJob and RayService CRDs")
+        # One call for all: each kubectl start costs a few hundred milliseconds.
+        kubectl(kubeconfig, "apply", "--server-side", *(f"--filename={crd}" for crd in bins.crds))
         kubectl(kubeconfig, "apply", "-f", "-", stdin=_TRAINING_OPERATOR_PREREQS)
         _seed_training_operator_certs(kubeconfig)
         kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
@@ -482,6 +544,27 @@ def up(
                 "--leader-elect=false",
             ],
             env={**os.environ, "KUBECONFIG": str(kubeconfig), "MY_POD_NAMESPACE": "kubeflow"},
+        )
+        log("starting the JobSet controller and the KubeRay operator")
+        jobset = launch(
+            "jobset",
+            [
+                str(bins.path("jobset")),
+                f"--config={_jobset_config(state_dir, p, pp)}",
+                "--zap-log-level=info",
+            ],
+            env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        )
+        ray = launch(
+            "ray-operator",
+            [
+                str(bins.path("ray-operator")),
+                f"--metrics-addr=127.0.0.1:{pp['ray-operator-metrics']}",
+                f"--health-probe-bind-address=127.0.0.1:{pp['ray-operator-probes']}",
+                "--enable-leader-election=false",
+                "--log-stdout-encoder=console",
+            ],
+            env={**os.environ, "KUBECONFIG": str(kubeconfig)},
         )
 
         def nodes_ready() -> bool:
@@ -505,6 +588,21 @@ def up(
             timeout=90,
             what="ready",
             interval=0.3,
+        )
+        for proc, url in (
+            (jobset, f"http://127.0.0.1:{pp['jobset-probes']}/readyz"),
+            (ray, f"http://127.0.0.1:{pp['ray-operator-probes']}/readyz"),
+        ):
+            wait_until(proc, partial(_http_ok, url), timeout=90, what="ready", interval=0.3)
+        kubectl(
+            kubeconfig,
+            "apply",
+            "-f",
+            "-",
+            stdin=_JOBSET_WEBHOOKS.format(
+                url=f"https://127.0.0.1:{pp['jobset-webhook']}",
+                ca=base64.b64encode(p.ca_crt.read_bytes()).decode(),
+            ),
         )
         if node is not None:
             node.wait_ready(kubeconfig)

@@ -61,8 +61,20 @@ def test_up_twice_then_down_leaves_no_process_and_no_port(tmp_path: Path) -> Non
         "kube-scheduler",
         "kwok",
         "nats-server",
+        "training-operator",
+        "jobset",
+        "ray-operator",
     } <= set(pids)
     try:
+        # The wrapped kinds' controllers are testbed processes like any other: `status` shows them.
+        status = respawn("local", "status", "--state-dir", str(state_dir), "-o", "json")
+        assert status.returncode == 0, status.stderr
+        processes = json.loads(status.stdout)["processes"]
+        assert {p: processes.get(p) for p in ("training-operator", "jobset", "ray-operator")} == {
+            "training-operator": True,
+            "jobset": True,
+            "ray-operator": True,
+        }
         # -o json is what the deprecated --json above is an alias of; -o yaml the same document.
         again = respawn("local", "up", "--state-dir", str(state_dir), "--no-services", "-o", "json")
         assert again.returncode == 0, again.stderr

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Builds the local testbed's binaries, and a kubelet and crictl for running real pods, from the
 # Go module proxy and caches them outside the repository, keyed by version (a binary
-# added to the list lands in the same directory, so the testbed finds the others).
+# added to the list lands in the same directory, so the testbed finds the others). The
+# controllers of further wrapped kinds (JobSet, KubeRay) each get a directory of their own, keyed
+# by their own version: see "add-on controllers" below.
 # Idempotent: a binary that is already in the cache is not rebuilt. Prints one
 # progress line per step.
 #
 #   tools/k8sbins/build.sh            # build whatever is missing
 #   RESPAWN_CACHE_DIR=/x tools/k8sbins/build.sh
+#   ADDON=jobset tools/k8sbins/build.sh   # of the add-on controllers, only this one
 #
 # Versions are pinned in versions.env next to this script.
 set -euo pipefail
@@ -108,6 +111,45 @@ if need promtool; then
   log "building promtool (prometheus $PROMETHEUS_VERSION)"
   GOBIN="$OUT" go install "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION" || fail "building promtool failed; see output above"
 fi
+
+# ---------------------------------------------------------------- add-on controllers
+# Controllers of further wrapped kinds, each in its own directory keyed by its own version
+# ($CACHE_ROOT/bin/<binary>-<version>/<binary>), so that adding or bumping one never changes the
+# Kubernetes directory above (which would rebuild Kubernetes). ADDON=<binary> builds just that one.
+addon_dir() { echo "$CACHE_ROOT/bin/$1-$2"; }
+# build_addon BINARY VERSION PACKAGE [GO_VERSION]: `go install PACKAGE@VERSION`; with GO_VERSION,
+# through a wrapper module (go directive GO_VERSION) that requires the package's module at
+# VERSION instead. The wrapper is for a module the proxy will not list: `go install m@v` also asks
+# for the module's version list (to report deprecation) and fails when the proxy refuses it, as
+# it does for sigs.k8s.io/jobset; a wrapper module needs only the pinned version.
+build_addon() {
+  local bin="$1" version="$2" pkg="$3" gover="${4:-}"
+  local dir; dir="$(addon_dir "$bin" "$version")"
+  [ -x "$dir/$bin" ] && return 0
+  if [ -n "${ADDON:-}" ] && [ "$ADDON" != "$bin" ]; then return 0; fi
+  mkdir -p "$dir"
+  if [ -z "$gover" ]; then
+    log "building $bin $version (go install $pkg@$version; a few minutes on a cold cache)"
+    local tmpbin; tmpbin="$(mktemp -d)"
+    GOBIN="$tmpbin" go install -ldflags "-s -w" "$pkg@$version" || { rm -rf "$tmpbin"; fail "building $bin failed; see output above"; }
+    mv "$tmpbin/${pkg##*/}" "$dir/$bin"; rm -rf "$tmpbin"
+    return 0
+  fi
+  local work="$CACHE_ROOT/gomod/$bin-$version"
+  mkdir -p "$work"
+  log "preparing wrapper module for $pkg $version in $work"
+  printf 'module respawn.invalid/%s\n\ngo %s\n\nrequire %s %s\n' "$bin" "$gover" "$pkg" "$version" > "$work/go.mod"
+  printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$pkg" > "$work/tools.go"
+  (cd "$work" && go mod tidy) || fail "go mod tidy failed for $pkg $version; see output above"
+  log "building $bin $version (a few minutes on a cold cache)"
+  (cd "$work" && go build -ldflags "-s -w" -o "$dir/$bin.tmp" "$pkg") || fail "building $bin failed; see output above"
+  mv "$dir/$bin.tmp" "$dir/$bin"
+}
+
+# JobSet's main package is its module root (the module's go directive is 1.25.0).
+build_addon jobset "$JOBSET_VERSION" sigs.k8s.io/jobset 1.25.0
+build_addon ray-operator "$KUBERAY_VERSION" github.com/ray-project/kuberay/ray-operator
+# ---------------------------------------------------------------- end of add-on controllers
 
 log "all binaries ready in $OUT"
 echo "$OUT"
