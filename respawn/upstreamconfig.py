@@ -28,7 +28,7 @@ from typing import Any, Final
 
 import yaml
 
-from shared.config import ConfigError, OperatorConfig, load_config
+from shared.config import ConfigError, OperatorConfig, load_config, merge_documents
 from shared.durations import format_go_duration, parse_go_duration
 
 __all__ = [
@@ -294,21 +294,10 @@ def convert(doc: Mapping[str, Any], onto: Mapping[str, Any] | None = None) -> Co
             ignored.append(Ignored(name, why))
     ignored.extend(Ignored(key, _UNKNOWN) for key in unknown)
     if onto is not None:
-        config = _over(onto, config)
+        # resourceTaints as a whole: the converted map is complete already (upstream's defaults
+        # merged in), as an override's is.
+        config = merge_documents(onto, config)
     return Conversion(config, tuple(ignored), _validate(config))
-
-
-def _over(base: Mapping[str, Any], converted: Mapping[str, Any]) -> dict[str, Any]:
-    # Section by section; resourceTaints as a whole, since the converted map is complete already
-    # (upstream's defaults merged in).
-    merged = dict(base)
-    for key, value in converted.items():
-        current = merged.get(key)
-        if isinstance(current, Mapping) and isinstance(value, Mapping) and key != "resourceTaints":
-            merged[key] = _over(current, value)
-        else:
-            merged[key] = value
-    return merged
 
 
 def convert_text(text: str, onto: str | None = None) -> Conversion:

@@ -670,12 +670,13 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     return overrides
 
 
-def _merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+def merge_documents(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``overrides`` laid over ``base``, section by section, as the config's layers are."""
     merged = dict(base)
     for key, value in overrides.items():
         current = merged.get(key)
-        if isinstance(current, dict) and isinstance(value, Mapping) and key != "resourceTaints":
-            merged[key] = _merge(current, value)
+        if isinstance(current, Mapping) and isinstance(value, Mapping) and key != "resourceTaints":
+            merged[key] = merge_documents(current, value)
         else:
             # resourceTaints is replaced as a whole, so an override can also remove resources.
             merged[key] = value
@@ -788,7 +789,7 @@ def config_from_text(text: str | None, env: Mapping[str, str], source: str) -> O
 
 def _validate(data: dict[str, Any], environ: Mapping[str, str], source: str) -> OperatorConfig:
     overrides = _env_overrides(environ)
-    data = _merge(data, overrides)
+    data = merge_documents(data, overrides)
     from_env = {path: env for env, path in _ENV_TO_PATH.items() if env in environ}
     try:
         return OperatorConfig.model_validate(data)
