@@ -168,3 +168,36 @@ def crd_files() -> list[Path]:
             shutil.copyfile(src, target)
         out.append(target)
     return out
+
+
+def addon_dir(name: str) -> Path:
+    """Where ``build.sh`` puts an extra controller: ``bin/<name>-<version>/`` of the cache, the
+    version being ``<NAME>_VERSION`` of ``versions.env``."""
+    key = f"{name.upper().replace('-', '_')}_VERSION"
+    version = versions().get(key)
+    if version is None:
+        raise TestbedError(f"no {key} in {VERSIONS_FILE}")
+    return cache_root() / "bin" / f"{name}-{version}"
+
+
+def addon(name: str) -> Path:
+    """The path of an extra controller's binary (e.g. ``kueue``), built by ``build.sh`` if missing."""
+    path = addon_dir(name) / name
+    if os.access(path, os.X_OK):
+        return path
+    if shutil.which("go") is None:
+        raise TestbedError(
+            f"'go' not found on PATH and {name} is not built yet; install Go >= 1.24 and retry"
+        )
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=sys.stderr, stderr=sys.stderr, check=False)
+    if proc.returncode != 0 or not os.access(path, os.X_OK):
+        raise TestbedError(
+            f"building {name} failed (exit {proc.returncode}); see the build output above, "
+            "fix it and rerun 'make binaries'"
+        )
+    return path
+
+
+def kueue_module_dir() -> Path:
+    """The pinned Kueue module in the Go module cache: its CRDs and webhook manifests."""
+    return _module_dir(f"sigs.k8s.io/kueue@{versions()['KUEUE_VERSION']}")

@@ -109,5 +109,23 @@ if need promtool; then
   GOBIN="$OUT" go install "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION" || fail "building promtool failed; see output above"
 fi
 
+# ---- extra controllers ---------------------------------------------------------------------
+# Each in its own directory $CACHE_ROOT/bin/<binary>-<version>/<binary>, so that adding one never
+# changes the key of the control plane's directory above (which would rebuild Kubernetes).
+addon() { # addon BINARY VERSION MODULE/CMD: go install into a temp dir, then move into the cache
+  local bin="$1" version="$2" pkg="$3" dir="$CACHE_ROOT/bin/$1-$2"
+  [ -x "$dir/$bin" ] && return 0
+  log "building $bin $version ($pkg)"
+  local tmp; tmp="$(mktemp -d)"
+  GOBIN="$tmp" go install "$pkg@$version" || { rm -rf "$tmp"; fail "building $bin $version failed; see output above"; }
+  mkdir -p "$dir"
+  mv "$tmp/$(basename "$pkg")" "$dir/$bin"; rm -rf "$tmp"
+}
+
+# ---- Kueue (no replace directives in its go.mod: a plain go install) -----------------------
+if [ -n "${KUEUE_VERSION:-}" ]; then
+  addon kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue
+fi
+
 log "all binaries ready in $OUT"
 echo "$OUT"
