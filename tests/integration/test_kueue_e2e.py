@@ -144,6 +144,21 @@ def gpus_reserved(kubeconfig: Path, cluster_queue: str) -> int:
     return 0
 
 
+def holds_quota(wl: dict[str, Any] | None) -> bool:
+    """Whether Kueue counts the Workload's quota: reserved, and not finished."""
+    return is_true(wl, "QuotaReserved") and not is_true(wl, "Finished")
+
+
+async def until_reserved(kubeconfig: Path, cluster_queue: str, gpus: int) -> None:
+    """The ClusterQueue's status (written by Kueue a moment after its decisions) showing ``gpus``."""
+    await until(
+        f"ClusterQueue {cluster_queue} to show {gpus} GPUs reserved",
+        lambda: gpus_reserved(kubeconfig, cluster_queue),
+        done=lambda n: n == gpus,
+        within=20,
+    )
+
+
 def queued_aw(
     name: str,
     *,
@@ -219,28 +234,24 @@ async def test_a_queued_appwrapper_is_created_suspended_admitted_with_its_flavor
     assert all(
         toleration in p["spec"]["tolerations"] and p["spec"]["nodeSelector"]["type"] == "kwok" for p in pods
     )
-    assert gpus_reserved(kc, queues.cluster_queue) == 4
+    await until_reserved(kc, queues.cluster_queue, 4)
 
     # The quota stays reserved for as long as the AppWrapper has not finished ...
-    samples: list[tuple[str, int, bool]] = []
+    samples: list[tuple[str, bool]] = []
 
-    def sample() -> tuple[str, int, bool]:
-        phase = read_appwrapper(aw_now(kc, ns, "train")).phase
-        s = (
-            phase,
-            gpus_reserved(kc, queues.cluster_queue),
-            is_true(workload_of(kc, ns, "train"), "Finished"),
-        )
-        samples.append(s)
-        return s
+    def sample() -> tuple[str, bool]:
+        # The Workload first: the AppWrapper's phase, read after, is at least as far along.
+        held = holds_quota(workload_of(kc, ns, "train"))
+        samples.append((read_appwrapper(aw_now(kc, ns, "train")).phase, held))
+        return samples[-1]
 
-    await until("train to succeed and its quota to be released", sample, done=lambda s: s[1] == 0, within=40)
+    await until("train to succeed and its quota to be released", sample, done=lambda s: not s[1], within=40)
     early = [s for s in samples if s[0] != "Succeeded"]
-    assert early and all(gpus == 4 and not finished for _, gpus, finished in early), samples
+    assert early and all(held for _, held in early), samples
     # ... and Kueue releases it when the AppWrapper reports Succeeded: its pods have completed.
-    done = aw_now(kc, ns, "train")
-    assert read_appwrapper(done).phase == "Succeeded"
+    assert read_appwrapper(aw_now(kc, ns, "train")).phase == "Succeeded"
     assert is_true(workload_of(kc, ns, "train"), "Finished")
+    await until_reserved(kc, queues.cluster_queue, 0)
 
 
 async def test_the_second_of_two_appwrappers_over_quota_waits_suspended_then_runs_when_the_first_finishes(
@@ -269,7 +280,7 @@ async def test_the_second_of_two_appwrappers_over_quota_waits_suspended_then_run
     await wait_admitted(kc, ns, "second")
     aw = await wait_phase(kc, ns, "second", "Running")
     assert aw["spec"].get("suspend") is not True
-    assert gpus_reserved(kc, queues.cluster_queue) == 6
+    await until_reserved(kc, queues.cluster_queue, 6)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,7 +318,7 @@ async def test_a_reset_keeps_the_workload_admitted_and_the_appwrapper_unsuspende
             "suspend": aw["spec"].get("suspend") is True,
             "admitted": is_true(wl, "Admitted") and is_true(wl, "QuotaReserved"),
             "workload": (wl or {}).get("metadata", {}).get("uid"),
-            "gpus": gpus_reserved(kc, queues.cluster_queue),
+            "held": holds_quota(wl),
         }
         samples.append(s)
         return s
@@ -322,7 +333,7 @@ async def test_a_reset_keeps_the_workload_admitted_and_the_appwrapper_unsuspende
     )
     assert any(s["phase"] == "Resetting" for s in samples) or resetting_count(aw_now(kc, ns, "flaky")) == 1
     assert all(
-        s["admitted"] and not s["suspend"] and s["workload"] == wl_uid and s["gpus"] == 4 for s in samples
+        s["admitted"] and not s["suspend"] and s["workload"] == wl_uid and s["held"] for s in samples
     ), samples
 
 
@@ -338,45 +349,49 @@ async def test_a_workload_at_its_retry_limit_releases_its_quota_only_once_every_
     testbed: Endpoints, queues: Queues
 ) -> None:
     kc, ns = testbed.kubeconfig, queues.namespace
-    # The pod's graceful deletion never completes: Respawn needs its forceful deletion (after
-    # 5 s), so the window between Failed and "everything gone" is wide enough to watch.
+    # The surviving pod's graceful deletion never completes: Respawn needs its forceful deletion
+    # (after 5 s), so the window between Failed and "everything gone" is wide enough to watch.
     annotations = {**FAST_RESET, "workload.codeflare.dev.appwrapper/retryLimit": "0"}
     create(
         kc,
         ns,
-        queued_aw("doomed", gpus=2, annotations=annotations, pod_annotations={sim.STUCK_TERMINATING: "true"}),
+        queued_aw(
+            "doomed", pods=2, gpus=1, annotations=annotations, pod_annotations={sim.STUCK_TERMINATING: "true"}
+        ),
     )
     await wait_admitted(kc, ns, "doomed")
     await wait_phase(kc, ns, "doomed", "Running")
+    await until("doomed's pods to run", lambda: running_pods_of(kc, ns, "doomed"), done=lambda p: len(p) == 2)
     pod = labelled_pods(kc, ns, "doomed")[0]["metadata"]["name"]
     sim.fail_pod(kc, ns, pod, exit_code=1)
 
     samples: list[dict[str, Any]] = []
 
     def sample() -> dict[str, Any]:
-        aw = aw_now(kc, ns, "doomed")
+        # The Workload first: what the AppWrapper and its pods show after is no older.
         wl = workload_of(kc, ns, "doomed")
+        aw = aw_now(kc, ns, "doomed")
         s = {
             "phase": read_appwrapper(aw).phase,
             "deployed": condition(aw, "ResourcesDeployed").get("status"),
             "pods": len(labelled_pods(kc, ns, "doomed")),
             "finished": is_true(wl, "Finished"),
-            "gpus": gpus_reserved(kc, queues.cluster_queue),
+            "held": holds_quota(wl),
         }
         samples.append(s)
         return s
 
     await until(
-        "doomed to fail and its quota to be released", sample, done=lambda s: s["gpus"] == 0, within=60
+        "doomed to fail and its quota to be released", sample, done=lambda s: not s["held"], within=60
     )
     failed_while_deployed = [s for s in samples if s["phase"] == "Failed" and s["deployed"] == "True"]
     assert failed_while_deployed, f"never saw Failed with resources still deployed: {samples}"
-    # While anything of it may still exist, Kueue keeps counting its quota.
-    assert all(s["gpus"] == 2 and not s["finished"] for s in samples if s["deployed"] == "True"), samples
-    released = [s for s in samples if s["gpus"] == 0 or s["finished"]]
+    # Kueue counts the quota for as long as anything of it may still exist.
+    released = [s for s in samples if not s["held"] or s["finished"]]
     assert released and all(s["deployed"] == "False" and s["pods"] == 0 for s in released), samples
     assert read_appwrapper(aw_now(kc, ns, "doomed")).phase == "Failed"
     assert is_true(workload_of(kc, ns, "doomed"), "Finished")
+    await until_reserved(kc, queues.cluster_queue, 0)
 
 
 # ---------------------------------------------------------------------------------------------
