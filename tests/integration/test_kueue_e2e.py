@@ -283,6 +283,26 @@ async def test_the_second_of_two_appwrappers_over_quota_waits_suspended_then_run
     await until_reserved(kc, queues.cluster_queue, 6)
 
 
+async def test_a_pytorchjobs_pod_sets_pair_with_kueues_by_position_whatever_the_replica_order(
+    testbed: Endpoints, queues: Queues
+) -> None:
+    kc, ns = testbed.kubeconfig, queues.namespace
+    template = manifests.pod_template(container="pytorch", restart_policy=None, gpus=1)
+    # Worker before Master in the object: both Kueue and Respawn take Master as pod set 0.
+    job = manifests.pytorchjob("ddp-job", replicas={"Worker": 2, "Master": 1}, template=template)
+    aw = manifests.appwrapper("ddp", manifests.component(job), labels={QUEUE_NAME_LABEL: QUEUE})
+    create(kc, ns, aw)
+    wl = await wait_admitted(kc, ns, "ddp")
+    assert [(ps["name"], ps["count"]) for ps in wl["spec"]["podSets"]] == [("ddp-0", 1), ("ddp-1", 2)]
+    await wait_phase(kc, ns, "ddp", "Running")
+    created = sim.get_json(kc, "pytorchjobs", "ddp-job", "-n", ns)
+    for role, podset in (("Master", "ddp-0"), ("Worker", "ddp-1")):
+        spec = created["spec"]["pytorchReplicaSpecs"][role]["template"]
+        assert spec["metadata"]["labels"]["kueue.x-k8s.io/podset"] == podset, role
+        assert spec["spec"]["nodeSelector"]["type"] == "kwok", role
+    await until_reserved(kc, queues.cluster_queue, 3)
+
+
 # ---------------------------------------------------------------------------------------------
 # Resets and failure
 
