@@ -160,7 +160,16 @@ def _seed_metrics_certs(crt: Path, key: Path) -> None:
         ) from exc
 
 
+def _refresh(state: State) -> None:
+    """Take what another `up` or `down` recorded meanwhile (the CLI and a test may share a
+    testbed): the pids and ports on disk are the truth."""
+    on_disk = State.load(state.state_dir)
+    if on_disk is not None:
+        state.pids, state.ports = on_disk.pids, on_disk.ports
+
+
 def running(state: State) -> bool:
+    _refresh(state)
     pid = state.pids.get(PROCESS)
     return pid is not None and pid_alive(pid)
 
@@ -257,6 +266,7 @@ def up(
 def stop(state: State, *, log: Log = _quiet) -> None:
     """Stop Kueue and remove its webhook configurations, which would otherwise refuse what they
     match (they fail closed) with nothing serving them. Its CRDs and objects stay."""
+    _refresh(state)
     pid = state.pids.pop(PROCESS, None)
     if pid is not None:
         log(f"stopping Kueue (pid {pid})")

@@ -24,12 +24,13 @@ import pytest
 import yaml
 
 from respawn.testbed import kueue, manifests, pki, sim
-from respawn.testbed.cluster import State, kubectl
+from respawn.testbed.cluster import State, _http_ok, kubectl
 from respawn.testbed.modes import Endpoints
 from respawn.testbed.ports import free_port
 from respawn.testbed.process import start, stop_pid, wait_until
 from shared.appwrapper.constants import QUEUE_NAME_LABEL
 from shared.appwrapper.model import read_appwrapper
+from tests.integration.cli import respawn as respawn_cli
 from tests.integration.conftest import services_on
 from tests.integration.objects import FAST_RESET, events_of, get_appwrapper, labelled_pods, wait_phase
 from tests.waiting import holds, until
@@ -103,6 +104,34 @@ def queues(testbed: Endpoints, namespace: str, respawn_services: None) -> Iterat
     yield q
     for kind, name in (("clusterqueue", q.cluster_queue), ("resourceflavor", q.flavor)):
         kubectl(testbed.kubeconfig, "delete", kind, name, "--wait=false", check=False)
+
+
+def test_local_up_kueue_adds_kueue_to_a_running_testbed(kueue_state: State) -> None:
+    kueue.stop(kueue_state)
+    assert not kueue.running(kueue_state)
+    proc = respawn_cli(
+        "local",
+        "up",
+        "--state-dir",
+        str(kueue_state.state_dir),
+        "--no-services",
+        "--kueue",
+        "--json",
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["kueue"] is True
+    assert kueue.running(kueue_state)
+    port = kueue_state.ports["kueue-health"]
+    assert _http_ok(f"http://127.0.0.1:{port}/readyz")
+    # Its webhooks are registered, pointing at the process.
+    hooks = sim.get_json(kueue_state.kubeconfig, "mutatingwebhookconfiguration", kueue.MUTATING)["webhooks"]
+    urls = {h["name"]: h["clientConfig"]["url"] for h in hooks}
+    webhook_port = kueue_state.ports["kueue-webhook"]
+    assert urls["mappwrapper.kb.io"] == (
+        f"https://127.0.0.1:{webhook_port}/mutate-workload-codeflare-dev-v1beta2-appwrapper"
+    )
+    assert "mjob.kb.io" not in urls  # only Kueue's own kinds and AppWrappers
 
 
 # ---------------------------------------------------------------------------------------------
