@@ -85,8 +85,9 @@ def configuration(
         config["waitForPodsReady"] = {
             "timeout": wait_for_pods_ready,
             "blockAdmission": False,
-            # Requeue at once after an eviction, so that a test sees the second admission.
-            "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 1, "backoffMaxSeconds": 2},
+            # Requeued a few seconds after an eviction (Kueue's default waits a minute and more),
+            # long enough for the suspended state in between to be seen.
+            "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 5, "backoffMaxSeconds": 10},
         }
     return config
 

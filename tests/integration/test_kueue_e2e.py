@@ -643,6 +643,12 @@ async def test_an_appwrapper_without_a_queue_label_is_queued_through_the_default
 # waitForPodsReady: Respawn's PodsReady is what Kueue reads, and its timeout runs from admission
 
 
+def evicted_for_pods_ready_timeout(wl: dict[str, Any] | None) -> bool:
+    """Whether Kueue evicted the Workload for its PodsReady timeout (its Evicted condition; once
+    the Workload is requeued, that condition is False with the same reason)."""
+    return condition(wl, "Evicted").get("reason") == "PodsReadyTimeout"
+
+
 @pytest.fixture
 def pods_ready_timeout(testbed: Endpoints, kueue_state: State) -> Iterator[float]:
     """Kueue restarted with waitForPodsReady on (timeout ``PODS_READY_TIMEOUT``), then back to
@@ -696,13 +702,7 @@ async def test_with_a_timeout_shorter_than_warmup_kueue_evicts_and_respawn_suspe
     await until(
         "Kueue to evict slow for PodsReady timeout",
         lambda: workload_of(kc, ns, "slow"),
-        done=lambda wl: (
-            condition(wl, "Evicted").get("reason") == "PodsReadyTimeout"
-            or "PodsReadyTimeout" in json.dumps((wl.get("status") or {}).get("requeueState") or {})
-            or any(
-                "PodsReadyTimeout" in json.dumps(c) for c in (wl.get("status") or {}).get("conditions") or []
-            )
-        ),
+        done=evicted_for_pods_ready_timeout,
         within=pods_ready_timeout + 20,
     )
     assert time.monotonic() - admitted_at >= pods_ready_timeout - 2
@@ -740,8 +740,12 @@ async def test_with_warmup_shorter_than_the_timeout_respawn_resets_first_keeping
     assert now_wl is not None and now_wl["metadata"]["uid"] == wl_uid and is_true(now_wl, "Admitted")
     # Kueue's clock runs from admission and a reset does not restart it (the workload's PodsReady
     # was never True): it evicts the workload anyway, and Respawn suspends it.
-    suspended = await wait_phase(kc, ns, "stuck", "Suspended", within=pods_ready_timeout + 20)
+    await until(
+        "Kueue to evict stuck for its PodsReady timeout",
+        lambda: workload_of(kc, ns, "stuck"),
+        done=evicted_for_pods_ready_timeout,
+        within=pods_ready_timeout + 20,
+    )
+    suspended = await wait_phase(kc, ns, "stuck", "Suspended", within=30)
     assert suspended["spec"]["suspend"] is True
     assert resetting_count(suspended) >= 1
-    evicted = workload_of(kc, ns, "stuck")
-    assert "PodsReadyTimeout" in json.dumps((evicted or {}).get("status") or {}), evicted
