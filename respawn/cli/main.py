@@ -139,6 +139,14 @@ def local_up(
             "kwok's; tainted respawn.dev/real-node=true:NoSchedule."
         ),
     ),
+    kueue: bool = typer.Option(
+        False,
+        "--kueue",
+        help=(
+            "Also run Kueue as MLBatch configures it, admitting the AppWrappers of namespaces "
+            "labelled respawn.dev/kueue=true (docs/kueue.md); on a running testbed, adds it."
+        ),
+    ),
     replicas: str | None = typer.Option(
         None,
         "--replicas",
@@ -159,6 +167,10 @@ def local_up(
         state = cluster.up(
             state_dir, nodes=nodes, log=_say, fixed_ports=fixed, nats_tls=nats_tls, real_node=real_node
         )
+        if kueue:
+            from respawn.testbed import kueue as kueue_testbed
+
+            kueue_testbed.up(state, log=_say)
         started: list[str] = []
         if not no_services:
             started = services.start_all(state, replicas=counts, log=_say)
@@ -176,6 +188,7 @@ def local_up(
         "natsCaFile": str(state.nats_ca_file) if state.nats_ca_file else None,
         "replicas": replica_table(state),
         "realNode": _real_node(state),
+        "kueue": "kueue" in state.pids,
     }
     if fmt.document:
         emit(info, fmt)

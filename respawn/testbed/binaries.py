@@ -80,7 +80,7 @@ class Binaries:
 
 # Controllers built beside the Kubernetes directory, each in ``bin/<name>-<version>/<name>``:
 # name -> the key of its version in versions.env.
-ADDONS = {"jobset": "JOBSET_VERSION", "ray-operator": "KUBERAY_VERSION"}
+ADDONS = {"jobset": "JOBSET_VERSION", "ray-operator": "KUBERAY_VERSION", "kueue": "KUEUE_VERSION"}
 
 
 def addon_path(name: str) -> Path:
@@ -221,3 +221,8 @@ def crd_files() -> list[Path]:
             shutil.copyfile(src, target)
         out.append(target)
     return out
+
+
+def kueue_module_dir() -> Path:
+    """The pinned Kueue module in the Go module cache: its CRDs and webhook manifests."""
+    return _module_dir(f"sigs.k8s.io/kueue@{versions()['KUEUE_VERSION']}")

@@ -149,6 +149,8 @@ build_addon() {
 # JobSet's main package is its module root (the module's go directive is 1.25.0).
 build_addon jobset "$JOBSET_VERSION" sigs.k8s.io/jobset 1.25.0
 build_addon ray-operator "$KUBERAY_VERSION" github.com/ray-project/kuberay/ray-operator
+# Kueue (no replace directives in its go.mod: a plain go install).
+build_addon kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue
 # ---------------------------------------------------------------- end of add-on controllers
 
 log "all binaries ready in $OUT"
