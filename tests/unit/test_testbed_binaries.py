@@ -39,5 +39,5 @@ def test_a_built_addon_is_found_without_building(cache: Path) -> None:
 
 
 def test_an_unknown_addon_is_an_error_naming_the_known_ones(cache: Path) -> None:
-    with pytest.raises(TestbedError, match="jobset, ray-operator"):
+    with pytest.raises(TestbedError, match="jobset, kueue, ray-operator"):
         binaries.addon_path("kueue-typo")
