@@ -564,7 +564,9 @@ def test_dockerfile_builds_one_non_root_image_from_the_package() -> None:
     assert "ARG PYTHON_IMAGE=python:3.11-slim" in lines
     assert "ARG BUILD_IMAGE=${PYTHON_IMAGE}" in lines
     assert "USER 10001:10001" in lines
-    assert any("pip install ." in line for line in lines)
+    # The locked dependencies, each checked against its hash, then the package alone on top.
+    assert any("pip install --require-hashes" in line and "-r requirements.lock" in line for line in lines)
+    assert any("pip install" in line and "--no-deps" in line and line.endswith(" .") for line in lines)
     copied = [
         source
         for line in lines
