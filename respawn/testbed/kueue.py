@@ -146,6 +146,20 @@ def webhook_configurations(module: Path, url: str, ca_bundle: str) -> list[dict[
 METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
 
 
+def _apply(kubeconfig: Path, items: list[dict[str, Any]]) -> None:
+    """Server-side apply, taking over fields another manager set (a Kueue started again)."""
+    kubectl(
+        kubeconfig,
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+        timeout=120,
+    )
+
+
 def _seed_metrics_certs(crt: Path, key: Path) -> None:
     try:
         METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
@@ -208,16 +222,7 @@ def up(
     log("installing Kueue's CRDs and webhook configurations")
     kubectl(kubeconfig, "create", "namespace", KUEUE_SYSTEM, check=False)
     docs = crds(module, url, ca_bundle)
-    kubectl(
-        kubeconfig,
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "-f",
-        "-",
-        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}),
-        timeout=120,
-    )
+    _apply(kubeconfig, docs)
     kubectl(
         kubeconfig,
         "wait",
@@ -226,15 +231,7 @@ def up(
         *(f"crd/{d['metadata']['name']}" for d in docs),
     )
     hooks = webhook_configurations(module, url, ca_bundle)
-    kubectl(
-        kubeconfig,
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "-f",
-        "-",
-        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": hooks}),
-    )
+    _apply(kubeconfig, hooks)
     config = configuration(
         webhook_port=webhook_port,
         health_port=health_port,
