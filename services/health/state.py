@@ -71,7 +71,8 @@ class ContainerRestarts:
     ``samples`` are (time first seen, restart count) pairs, oldest first, one per count seen:
     those inside the storm window of the latest, and the last one before it (the count in force
     when the window opened). Without a storm the counts inside the window rise by less than K,
-    so at most K + 1 samples are kept; once a storm is seen it is kept and the samples dropped.
+    so at most K + 1 samples are kept; once a storm is seen it is kept and the samples stop
+    changing (kept only so that a change of the AppWrapper's policy can judge them again).
     """
 
     name: str
@@ -181,7 +182,7 @@ def _apply_appwrapper(state: AppWrapperHealth, obs: AppWrapperObservation) -> Ap
     elif previous is not None and previous.heartbeat == view.heartbeat:
         # The heartbeat did not change: it was seen first when it was.
         view = replace(view, heartbeat_seen_at=previous.heartbeat_seen_at)
-    return replace(state, appwrapper=view)
+    return _restorm(replace(state, appwrapper=view), _stall_policy(state))
 
 
 def _failed_at(obs: PodObservation, previous: PodRecord | None) -> datetime | None:
@@ -246,20 +247,49 @@ def _track(
     if not policy.counts_restarts:
         return ContainerRestarts(c.name, c.init, count, crash_loop_since=crash_loop_since)
     if storm is None and len(samples) > 1:
-        t, top = samples[-1]
-        opened = t - policy.storm_window
-        older = [s for s in samples if s[0] <= opened]
-        base_at, base = older[-1] if older else samples[0]
-        if top - base >= policy.storm_restarts:
-            storm = Storm(at=t, since=base_at, rise=top - base, window=policy.storm_window)
-    if storm is not None:
-        samples = ()
-    else:
+        storm = _storm_at(samples, len(samples) - 1, policy)
+    if samples:
         opened = samples[-1][0] - policy.storm_window
         inside = [s for s in samples if s[0] > opened]
         before = [s for s in samples if s[0] <= opened]
         samples = (*before[-1:], *inside)
     return ContainerRestarts(c.name, c.init, count, samples, storm, crash_loop_since)
+
+
+def _storm_at(samples: tuple[tuple[datetime, int], ...], i: int, policy: StallPolicy) -> Storm | None:
+    """The storm the count first seen at ``samples[i]`` makes, if it makes one (see _track)."""
+    t, top = samples[i]
+    opened = t - policy.storm_window
+    older = [s for s in samples[: i + 1] if s[0] <= opened]
+    base_at, base = older[-1] if older else samples[0]
+    if top - base >= policy.storm_restarts:
+        return Storm(at=t, since=base_at, rise=top - base, window=policy.storm_window)
+    return None
+
+
+def _under(c: ContainerRestarts, policy: StallPolicy) -> ContainerRestarts:
+    """A container's restart history judged again under ``policy``. Pure.
+
+    A pod can be folded before its AppWrapper is (the stream keeps only the latest observation
+    of each object, so an AppWrapper whose status changed since sorts after its pods), and so
+    under the operator's defaults rather than the AppWrapper's own restart-storm annotation; or
+    the annotation changed. The samples kept are searched again for the earliest storm.
+    """
+    if not policy.counts_restarts:
+        return replace(c, samples=(), storm=None)
+    storms = (_storm_at(c.samples, i, policy) for i in range(1, len(c.samples)))
+    return replace(c, storm=next((s for s in storms if s is not None), None))
+
+
+def _restorm(state: AppWrapperHealth, before: StallPolicy) -> AppWrapperHealth:
+    policy = _stall_policy(state)
+    if (policy.storm_restarts, policy.storm_window) == (before.storm_restarts, before.storm_window):
+        return state
+    pods = {
+        name: replace(pod, restarts=tuple(_under(c, policy) for c in pod.restarts))
+        for name, pod in state.pods.items()
+    }
+    return replace(state, pods=pods)
 
 
 def _restarts(

@@ -245,6 +245,40 @@ def test_init_containers_restarts_count_too() -> None:
     assert "init container main of pod p1" in v.message
 
 
+def test_pods_folded_before_their_appwrapper_are_judged_by_its_annotation_once_it_comes() -> None:
+    # The stream keeps only each object's latest observation: an AppWrapper whose status changed
+    # after its pods sorts after them, so its pods are folded under the operator's defaults
+    # (5 restarts here) first; its own 3/10m applies as soon as it is known.
+    pods = [
+        healthy_pod("p0"),
+        looping("p1", 0, T0 + 2 * SEC),
+        *(looping("p1", n, T0 + n * MIN) for n in (1, 2, 3)),
+    ]
+    before = fold(pods)
+    assert before.pods["p1"].restarts[0].storm is None
+    state = fold([aw_obs(annotations=ANNOTATIONS, observed_at=T0 + 4 * MIN)], before)
+    v = evaluate(state, T0 + 4 * MIN).verdict
+    assert v is not None
+    assert (v.state, v.reason) == ("Unhealthy", REASON_RESTART_STORM)
+    assert v.first_unhealthy_at == T0 + 3 * MIN
+    assert "container main of pod p1 restarted 3 times within 10m0s" in v.message
+
+
+def test_a_storm_under_the_defaults_is_dropped_when_the_appwrappers_annotation_allows_it() -> None:
+    pods = [healthy_pod("p0"), looping("p1", 0, T0 + 2 * SEC), looping("p1", 5, T0 + MIN)]
+    before = fold(pods)
+    assert before.pods["p1"].restarts[0].storm is not None
+    for annotation in ("10/10m", "off"):
+        state = fold([aw_obs(annotations={RESTART_STORM_ANNOTATION: annotation})], before)
+        assert state.pods["p1"].restarts[0].storm is None
+        assert evaluate(state, T0 + 2 * MIN).verdict.reason == ""  # type: ignore[union-attr]
+    # A later, stricter annotation finds it again from the samples kept.
+    again = fold(
+        [aw_obs(annotations={RESTART_STORM_ANNOTATION: "10/10m"}), aw_obs(annotations=ANNOTATIONS)], before
+    )
+    assert again.pods["p1"].restarts[0].storm is not None
+
+
 def test_storm_detection_off_ignores_restarts() -> None:
     state = fold(
         [
