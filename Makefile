@@ -52,7 +52,9 @@ integration: venv binaries
 test: venv binaries lint
 	$(BIN)/pytest -q --durations=40
 
-demo: venv binaries
+# The demo needs only the testbed `respawn local up` starts: not Kueue, promtool or crictl.
+demo: venv
+	@tools/k8sbins/build.sh --demo >/dev/null
 	$(BIN)/respawn demo
 
 down: venv

@@ -81,6 +81,8 @@ class Binaries:
 # Controllers built beside the Kubernetes directory, each in ``bin/<name>-<version>/<name>``:
 # name -> the key of its version in versions.env.
 ADDONS = {"jobset": "JOBSET_VERSION", "ray-operator": "KUBERAY_VERSION", "kueue": "KUEUE_VERSION"}
+# Add-ons that every testbed does not start, built by :func:`addon` when first asked for.
+ON_REQUEST = frozenset({"kueue"})
 
 
 def addon_path(name: str) -> Path:
@@ -143,8 +145,12 @@ def ensure(*, quiet: bool = False, real_node: bool = False) -> Binaries:
                 "'go' not found on PATH and the testbed binaries are not built yet; "
                 "install Go >= 1.24 (https://go.dev/dl) and retry"
             )
+        # Without a real node, only what `local up` starts (the build script's --demo): not
+        # Kueue (built by `local up --kueue` when first needed), promtool or crictl (built by
+        # `make binaries`, which `make test` runs, and for a real node).
+        argv = ["bash", str(BUILD_SCRIPT), *([] if real_node else ["--demo"])]
         proc = subprocess.run(
-            ["bash", str(BUILD_SCRIPT)],
+            argv,
             stdout=subprocess.DEVNULL if quiet else sys.stderr,
             stderr=sys.stderr,
             check=False,
@@ -155,8 +161,10 @@ def ensure(*, quiet: bool = False, real_node: bool = False) -> Binaries:
                 f"{', '.join(missing(components)) or 'none'}); see the build output above, "
                 "fix it and rerun 'make binaries'"
             )
+    # Kueue runs only with `local up --kueue`, which builds it then (respawn.testbed.kueue).
     for name in ADDONS:
-        addon(name)
+        if name not in ON_REQUEST:
+            addon(name)
     return Binaries(dir=bin_dir(), nats_server=nats_server_path(), crds=tuple(crd_files()))
 
 

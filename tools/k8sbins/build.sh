@@ -9,10 +9,24 @@
 #
 #   tools/k8sbins/build.sh            # build whatever is missing
 #   RESPAWN_CACHE_DIR=/x tools/k8sbins/build.sh
-#   ADDON=jobset tools/k8sbins/build.sh   # of the add-on controllers, only this one
+#   ADDON=jobset tools/k8sbins/build.sh   # of the add-on controllers, only this one (and of
+#                                         # the rest, only the testbed's core)
+#   tools/k8sbins/build.sh --demo     # only what `respawn local up` starts (`make demo`): not
+#                                     # Kueue (`local up --kueue`), promtool (the monitoring
+#                                     # tests) or crictl (`local up --real-node`); they are
+#                                     # built when first needed
 #
 # Versions are pinned in versions.env next to this script.
 set -euo pipefail
+DEMO=0
+case "${1:-}" in
+  "") ;;
+  --demo) DEMO=1 ;;
+  *) printf 'usage: %s [--demo]\n' "$0" >&2; exit 2 ;;
+esac
+# crictl and promtool too: not with --demo, nor when asked for one add-on (ADDON).
+EXTRAS=1
+if [ "$DEMO" = 1 ] || [ -n "${ADDON:-}" ]; then EXTRAS=0; fi
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$HERE/versions.env"
@@ -100,14 +114,14 @@ if need training-operator; then
   mv "$TMPBIN/training-operator.v1" "$OUT/training-operator"; rm -rf "$TMPBIN"
 fi
 
-if need crictl; then
+if [ "$EXTRAS" = 1 ] && need crictl; then
   log "building crictl $CRICTL_VERSION"
   GOBIN="$OUT" go install "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION" || fail "building crictl failed; see output above"
 fi
 
 # Its module has no replace directives, so `go install` builds it as published. About 5.5
 # CPU-minutes on a cold module and build cache (measured: 285 s user + 47 s system, 163 modules).
-if need promtool; then
+if [ "$EXTRAS" = 1 ] && need promtool; then
   log "building promtool (prometheus $PROMETHEUS_VERSION)"
   GOBIN="$OUT" go install "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION" || fail "building promtool failed; see output above"
 fi
@@ -150,7 +164,7 @@ build_addon() {
 build_addon jobset "$JOBSET_VERSION" sigs.k8s.io/jobset 1.25.0
 build_addon ray-operator "$KUBERAY_VERSION" github.com/ray-project/kuberay/ray-operator
 # Kueue (no replace directives in its go.mod: a plain go install).
-build_addon kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue
+[ "$DEMO" = 1 ] || build_addon kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue
 # ---------------------------------------------------------------- end of add-on controllers
 
 log "all binaries ready in $OUT"
