@@ -14,15 +14,8 @@ import pytest
 
 from respawn.testbed import binaries
 
-CORE = (
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "kubelet",
-    "etcd",
-    "kwok",
-    "training-operator",
-)
+# The testbed's core, and the kubelet the script builds with the control plane.
+CORE = (*binaries.COMPONENTS, "kubelet")
 
 
 def run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
