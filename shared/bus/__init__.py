@@ -31,7 +31,7 @@ are, creating them), ``publish``, ``consume`` (the pull loop), ``replay`` (load,
 from shared.bus.backoff import error_delay, until_done
 from shared.bus.bus import Bus
 from shared.bus.connection import TlsFiles, redact, redact_url
-from shared.bus.consume import BUSY_FETCH_TIMEOUT, Consumer, DeliverPolicy
+from shared.bus.consume import Consumer, DeliverPolicy
 from shared.bus.deadletter import (
     DL_CONSUMER_HEADER,
     DL_DELIVERIES_HEADER,
@@ -71,7 +71,6 @@ from shared.bus.streams import (
 )
 
 __all__ = [
-    "BUSY_FETCH_TIMEOUT",
     "DEFAULT_LIMITS",
     "DL_CONSUMER_HEADER",
     "DL_DELIVERIES_HEADER",

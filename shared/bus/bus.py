@@ -39,6 +39,7 @@ from shared.bus.deadletter import (
 from shared.bus.delivery import Handler, M
 from shared.bus.errors import BusError
 from shared.bus.publish import Published, publish, send
+from shared.bus.pull import JS_API_PREFIX
 from shared.bus.replay import CaughtUp, Replay, start_replay
 from shared.bus.streams import (
     UNAVAILABLE,
@@ -85,7 +86,7 @@ class Bus:
         self._nc = nc
         # How the public messages (verdicts, lifecycle events) are encoded; the rest is msgpack.
         self.public_encoding: Encoding = public_encoding
-        self._js = nc.jetstream()
+        self._js = nc.jetstream(prefix=JS_API_PREFIX)
         self.service = service
         self.replicas = replicas
         self.duplicate_window = duplicate_window

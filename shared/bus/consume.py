@@ -47,6 +47,7 @@ from shared.bus.deadletter import (
 from shared.bus.delivery import Delivery, Handler, M
 from shared.bus.errors import BusError, PermanentPublishError, TransientError
 from shared.bus.headers import MARKER_REASON_HEADER, MSG_ID_HEADER, TRACEPARENT_HEADER
+from shared.bus.pull import JS_API_PREFIX, Puller
 from shared.messages import InvalidMessage, UnsupportedSchemaVersion, decode
 from shared.telemetry import extract_context
 
@@ -58,8 +59,9 @@ log = logging.getLogger(__name__)
 # Re-exported so that services choose where a consumer starts without importing nats themselves.
 DeliverPolicy = api.DeliverPolicy
 
-# How long a busy consumer's batch fetch may wait for more messages (seconds).
-BUSY_FETCH_TIMEOUT = 0.05
+# How long one pull request lasts (seconds; at least the fetch timeout): an idle consumer asks
+# the server once per this, whatever its fetch timeout (see shared.bus.pull).
+PULL_EXPIRES = 30.0
 # The pause after a fetch that failed, before the first retry; the retries after it double up to
 # 5 s (shared.bus.backoff).
 FIRST_RETRY_DELAY = 0.1
@@ -224,8 +226,7 @@ class Consumer(Generic[M]):
         self._dead_letters = dead_letters
         self._spans = spans
         self._inflight: set[asyncio.Task[None]] = set()
-        self._idle = True
-        self._psub: Any = None
+        self._puller: Puller | None = None
         self._generation = -1
         self._stopping = False
         self._busy = False
@@ -304,19 +305,22 @@ class Consumer(Generic[M]):
             while not self._stopping:
                 msgs = await self._next_batch()
                 self._busy = True
+                index = 0
                 try:
-                    for index, msg in enumerate(msgs):
-                        if self._stopping:
-                            # Hand the rest back at once instead of letting their ack wait run out.
-                            for rest in msgs[index:]:
-                                await self._settle(rest.nak(), "nak")
-                            break
+                    while index < len(msgs) and not self._stopping:
+                        msg = msgs[index]
                         outcome = await self._process_guarded(msg)
+                        index += 1
                         position = _position(msg)
                         if self._observer is not None and outcome is not None and position is not None:
                             await self._observer.settled(self, *position, outcome)
                 finally:
                     self._busy = False
+                    # Stopping, or cancelled in a handler: what was not handled (the interrupted
+                    # one included; handlers are idempotent) goes back at once, instead of
+                    # waiting out its ack wait.
+                    for rest in msgs[index:]:
+                        await self._settle(rest.nak(), "nak")
         finally:
             await self._unbind()
 
@@ -335,10 +339,14 @@ class Consumer(Generic[M]):
 
     async def _unbind(self) -> None:
         self._bound = False
-        psub, self._psub = self._psub, None
-        if psub is not None:
-            with contextlib.suppress(Exception):
-                await psub.unsubscribe()
+        puller, self._puller = self._puller, None
+        if puller is None:
+            return
+        # Messages that arrived and were never handled go back at once: whoever pulls next
+        # (this loop bound again, or the replica that took the partition over) gets them now
+        # rather than after ack_wait.
+        for msg in await puller.close():
+            await self._settle(msg.nak(), "nak")
 
     async def _run_keyed(self) -> None:
         """Handle messages of different subjects concurrently, those of one subject in order.
@@ -427,28 +435,18 @@ class Consumer(Generic[M]):
         )
 
     async def _fetch(self, size: int) -> list[Any]:
-        if self._psub is None or self._generation != self._bus.reconnects:
+        if self._puller is None or self._generation != self._bus.reconnects:
             await self._bind()
             if self._observer is not None:
                 await self._observer.bound(self)
+        assert self._puller is not None
         try:
-            if self._idle:
-                # nats-py's fetch(n > 1) holds on to a lingering pull until n messages or the
-                # timeout, so one message arriving on an idle consumer would wait up to
-                # fetch_timeout. Waiting for exactly one returns the moment it arrives.
-                msgs = list(await self._psub.fetch(1, timeout=self._fetch_timeout))
-            else:
-                # Busy: take what is there now (the no-wait probe returns at once), and linger
-                # only briefly when the backlog has just run dry.
-                msgs = list(await self._psub.fetch(size, timeout=BUSY_FETCH_TIMEOUT))
-        except TimeoutError:  # nothing to do: the normal idle case
-            msgs = []
+            msgs = await self._puller.take(size, self._fetch_timeout)
         except Exception:
-            # A deleted consumer answers "no responders" here: bind (and so create) again.
-            self._bound = False
-            self._psub = None
+            # A deleted consumer says so on the pull (or nothing answers it): bind, and so
+            # create, it again.
+            await self._unbind()
             raise
-        self._idle = not msgs
         self._problem = ""
         if not msgs and self._observer is not None:
             await self._observer.idle(self)
@@ -460,7 +458,15 @@ class Consumer(Generic[M]):
         # Create-or-update every time: after a restart with a lost store the durable is gone,
         # and so may be its stream (the bus creates that again from its spec).
         await self._bus.ensure_consumer(self.stream, self._config)
-        self._psub = await self._bus.js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
+        puller = Puller(
+            self._bus.nc,
+            api_prefix=JS_API_PREFIX,
+            stream=self.stream,
+            durable=self.durable,
+            expires=max(self._fetch_timeout, PULL_EXPIRES),
+        )
+        await puller.start()
+        self._puller = puller
         self._generation = generation
         self._bound = True
 

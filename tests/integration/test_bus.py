@@ -411,6 +411,82 @@ async def test_stop_is_prompt_and_readiness_follows(bus: Bus) -> None:
     assert consumer not in bus.consumers
 
 
+async def test_a_consumer_fed_one_message_at_a_time_asks_the_server_once_not_per_message(bus: Bus) -> None:
+    """One pull request stays outstanding and every message that arrives is handled at once; the
+    pull requests are counted on their own subject, as the server receives them."""
+    subject = subjects.verdict("trickle", uid())
+    durable = f"t_{uid()}"
+    requests: list[bytes] = []
+
+    async def count(msg: object) -> None:
+        requests.append(getattr(msg, "data", b""))
+
+    watch = await bus.nc.subscribe(
+        f"$JS.API.CONSUMER.MSG.NEXT.{subjects.VERDICTS_STREAM}.{durable}", cb=count
+    )
+    handled: list[float] = []
+
+    async def note(msg: Verdict, delivery: Delivery) -> None:
+        handled.append(time.monotonic())
+
+    consumer = await bus.consume(subjects.VERDICTS_STREAM, durable, subject, Verdict, note, fetch_timeout=0.2)
+    try:
+        await eventually(lambda: len(requests) >= 1, what="the first pull request")
+        lags = []
+        for seq in range(1, 21):
+            sent = time.monotonic()
+            await bus.publish(subject, verdict("a", seq=seq), msg_id=None)
+            await eventually(_count_is(handled, seq), what=f"message {seq} handled")
+            lags.append(handled[-1] - sent)
+        # 20 messages one at a time, with the loop's 0.2 s fetch timeouts running out between
+        # them: the first request (128 messages, 30 s) is still the one outstanding.
+        assert len(requests) == 1, [r.decode() for r in requests]
+        assert json.loads(requests[0]) == {"batch": 128, "expires": 30_000_000_000}
+        assert max(lags) < 1.0  # none waited for a request or a timeout
+    finally:
+        await consumer.stop()
+        await watch.unsubscribe()
+
+
+def _count_is(handled: list[float], n: int) -> Callable[[], bool]:
+    return lambda: len(handled) == n
+
+
+async def test_messages_a_stopped_consumer_held_go_to_the_next_at_once_not_after_the_ack_wait(
+    bus: Bus,
+) -> None:
+    """The first consumer is handed five messages and stops while the first is being handled: the
+    four it held are nak'ed, so that the next consumer on the durable gets them at once."""
+    subject = subjects.verdict("handover", uid())
+    durable = f"t_{uid()}"
+    entered = asyncio.Event()
+    first: list[int] = []
+
+    async def stuck(msg: Verdict, delivery: Delivery) -> None:
+        first.append(msg.seq)
+        entered.set()
+        await asyncio.sleep(3600)
+
+    for seq in range(1, 6):
+        await bus.publish(subject, verdict("a", seq=seq), msg_id=None)
+    a = await bus.consume(subjects.VERDICTS_STREAM, durable, subject, Verdict, stuck, ack_wait=60.0)
+    await asyncio.wait_for(entered.wait(), 15)
+    await a.stop(grace=0.5)
+    assert first == [1]
+    second: list[int] = []
+
+    async def keep(msg: Verdict, delivery: Delivery) -> None:
+        second.append(msg.seq)
+
+    started = time.monotonic()
+    b = await bus.consume(subjects.VERDICTS_STREAM, durable, subject, Verdict, keep, ack_wait=60.0)
+    try:
+        await eventually(lambda: {2, 3, 4, 5} <= set(second), within=20, what="the held messages")
+        assert time.monotonic() - started < 20  # far below the 60 s ack wait
+    finally:
+        await b.stop()
+
+
 async def test_consumer_keeps_working_across_a_server_restart(own_nats: NatsServer, own_bus: Bus) -> None:
     server, b = own_nats, own_bus
     subject = subjects.verdict("restart", uid())
