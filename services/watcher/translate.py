@@ -23,7 +23,12 @@ from datetime import datetime
 from typing import Any, Literal
 
 from shared import subjects
-from shared.appwrapper.constants import APPWRAPPER_LABEL, POD_SET_LABEL
+from shared.appwrapper.constants import (
+    ANNOUNCED_ANNOTATION,
+    APPWRAPPER_LABEL,
+    INCIDENT_TRACE_ANNOTATION,
+    POD_SET_LABEL,
+)
 from shared.appwrapper.model import mapping_at, str_at
 from shared.appwrapper.podsets import component_pod_sets
 from shared.kubetime import parse_kube_time
@@ -272,6 +277,20 @@ def _slim_component(component: Any) -> Any:
         return slim
 
 
+# Annotations lifecycle writes for its own bookkeeping (what it announced, the incident's trace)
+# and reads from its own cache: no reader of the observations uses them, and an observation
+# carrying them would be published again after every transition's record, for nothing.
+_BOOKKEEPING_ANNOTATIONS = frozenset({ANNOUNCED_ANNOTATION, INCIDENT_TRACE_ANNOTATION})
+
+
+def _metadata(meta: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: meta[k] for k in _METADATA_KEYS if k in meta}
+    annotations = out.get("annotations")
+    if isinstance(annotations, Mapping) and not _BOOKKEEPING_ANNOTATIONS.isdisjoint(annotations):
+        out["annotations"] = {k: v for k, v in annotations.items() if k not in _BOOKKEEPING_ANNOTATIONS}
+    return out
+
+
 def appwrapper_body(obj: Mapping[str, Any]) -> dict[str, Any]:
     """What an AppWrapper observation carries of the object (docs/messages.md): its readers (the
     health view, the lifecycle's triggers, ``respawn explain``) use metadata, status and the spec
@@ -279,7 +298,7 @@ def appwrapper_body(obj: Mapping[str, Any]) -> dict[str, Any]:
     depth; the components keep only their template's identity and their pod sets."""
     body: dict[str, Any] = {k: obj[k] for k in ("apiVersion", "kind") if k in obj}
     meta = mapping_at(obj, "metadata")
-    body["metadata"] = {k: meta[k] for k in _METADATA_KEYS if k in meta}
+    body["metadata"] = _metadata(meta)
     spec = obj.get("spec")
     if isinstance(spec, Mapping):
         slim_spec = {k: v for k, v in spec.items() if k != "components"}

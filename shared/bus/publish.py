@@ -19,6 +19,7 @@ from the specs the bus knows, and the publish goes on.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -31,7 +32,7 @@ from opentelemetry.trace import SpanKind, Tracer
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay
 
 from shared import metrics
-from shared.bus.backoff import backoff
+from shared.bus.backoff import backoff, delay
 from shared.bus.connection import ConnectionState
 from shared.bus.errors import INVALID_SUBJECT, PERMISSION, REJECTED, TOO_LARGE, PermanentPublishError
 from shared.bus.headers import MSG_ID_HEADER, TTL_HEADER, subject_problem, ttl_value, wire_size
@@ -168,37 +169,65 @@ async def send(
 ) -> Any:
     """Publish to JetStream and return its ack, retrying what may clear by itself for up to
     ``retry_for`` seconds; :class:`PermanentPublishError` for what cannot."""
+    began = time.monotonic()
+    wait = backoff(0.05, 2.0)
     restored = False
+    # The common case first, with no retry machinery around it: a tenacity loop per publish
+    # costs a good share of a publish that succeeds at once.
+    try:
+        return await _send_once(js, subject, payload, headers, ack_timeout, state)
+    except nats.js.errors.NoStreamResponseError:
+        if restore_stream is not None:
+            # Once per publish: the server may simply be starting, and then there is nothing to
+            # restore (ensure_stream finds the stream and returns).
+            restored = await _restore(restore_stream, subject)
+    except TRANSIENT_PUBLISH_ERRORS:
+        pass
+    # The pause the retry loop would have taken after this first attempt.
+    await asyncio.sleep(delay(wait, 1))
     ack: Any = None
     async for attempt in AsyncRetrying(
         retry=retry_if_exception_type(TRANSIENT_PUBLISH_ERRORS),
-        stop=stop_after_delay(retry_for),
-        wait=backoff(0.05, 2.0),
+        stop=stop_after_delay(max(0.0, retry_for - (time.monotonic() - began))),
+        wait=wait,
         reraise=True,
     ):
         with attempt:
-            started = time.monotonic()
             try:
-                ack = await js.publish(subject, payload, timeout=ack_timeout, headers=headers)
-            except TimeoutError:
-                if state is not None and state.publish_denied(subject, since=started):
-                    raise PermanentPublishError(
-                        PERMISSION, subject, "the server refused it (permissions violation)"
-                    ) from None
-                raise
+                ack = await _send_once(js, subject, payload, headers, ack_timeout, state)
             except nats.js.errors.NoStreamResponseError:
                 if restore_stream is not None and not restored:
-                    # Once per publish: the server may simply be starting, and then there is
-                    # nothing to restore (ensure_stream finds the stream and returns).
                     restored = await _restore(restore_stream, subject)
                 raise
-            except nats.errors.Error as exc:
-                reason = permanent_reason(exc)
-                if reason is not None:
-                    detail = exc.description if isinstance(exc, nats.js.errors.APIError) else str(exc)
-                    raise PermanentPublishError(reason, subject, detail or type(exc).__name__) from exc
-                raise
     return ack
+
+
+async def _send_once(
+    js: Any,
+    subject: str,
+    payload: bytes,
+    headers: dict[str, str],
+    ack_timeout: float,
+    state: ConnectionState | None,
+) -> Any:
+    """One publish and its ack; what can never succeed as :class:`PermanentPublishError`."""
+    started = time.monotonic()
+    try:
+        return await js.publish(subject, payload, timeout=ack_timeout, headers=headers)
+    except TimeoutError:
+        if state is not None and state.publish_denied(subject, since=started):
+            raise PermanentPublishError(
+                PERMISSION, subject, "the server refused it (permissions violation)"
+            ) from None
+        raise
+    except nats.js.errors.NoStreamResponseError:
+        raise
+    except nats.errors.Error as exc:
+        reason = permanent_reason(exc)
+        if reason is not None:
+            detail = exc.description if isinstance(exc, nats.js.errors.APIError) else str(exc)
+            raise PermanentPublishError(reason, subject, detail or type(exc).__name__) from exc
+        raise
 
 
 async def _restore(restore_stream: RestoreStream, subject: str) -> bool:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from services.watcher import translate
 from shared import subjects
-from shared.appwrapper.constants import APPWRAPPER_LABEL
+from shared.appwrapper.constants import ANNOUNCED_ANNOTATION, APPWRAPPER_LABEL, INCIDENT_TRACE_ANNOTATION
 from shared.appwrapper.model import read_appwrapper
 from shared.appwrapper.podsets import expected_pod_count
 from shared.messages import (
@@ -119,6 +119,25 @@ def test_the_slim_body_keeps_what_health_and_the_cli_read_and_drops_managed_fiel
     assert expected_pod_count(body) == expected_pod_count(obj) == 4
     meta = body["metadata"]
     assert meta["finalizers"] and meta["generation"] == 1 and meta["creationTimestamp"]
+
+
+def test_lifecycles_bookkeeping_annotations_stay_out_and_recording_them_publishes_nothing() -> None:
+    obj = appwrapper(job())
+    before = prepare(obj)
+    recorded = copy.deepcopy(obj)
+    recorded["metadata"]["resourceVersion"] = "999"
+    recorded["metadata"]["annotations"].update(
+        {ANNOUNCED_ANNOTATION: "Running/2025-01-01T00:00:00Z", INCIDENT_TRACE_ANNOTATION: "00-ab-cd-01"}
+    )
+    after = prepare(recorded)
+    assert isinstance(before, translate.Prepared) and isinstance(after, translate.Prepared)
+    # What configures the workload stays; lifecycle's own records do not.
+    assert after.message.body["metadata"]["annotations"] == {  # type: ignore[attr-defined]
+        "workload.codeflare.dev.appwrapper/retryLimit": "3"
+    }
+    # Unchanged for every reader: the watcher publishes nothing for lifecycle's record.
+    assert translate.fingerprint(after.message) == translate.fingerprint(before.message)
+    assert ANNOUNCED_ANNOTATION in recorded["metadata"]["annotations"]  # the object is left as it was
 
 
 def test_declared_pod_sets_are_kept_as_declared() -> None:
