@@ -6,10 +6,14 @@ meaning across commands: see docs/cli.md.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+
+# typer keeps the script templates here; its own --show-completion uses the same function.
+from typer._completion_shared import Shells, get_completion_script
 
 from respawn.cli import explain, status, tail
 from respawn.cli.output import (
@@ -32,6 +36,8 @@ if TYPE_CHECKING:
     from respawn.testbed import cluster
 
 # add_completion: --install-completion and --show-completion (bash, zsh, fish, PowerShell).
+# The shells --show-completion takes by name (completion_script).
+_SHELLS = frozenset(shell.value for shell in Shells)
 app = typer.Typer(no_args_is_help=True, add_completion=True, help="Respawn: fault tolerance for AppWrappers.")
 local_app = typer.Typer(
     no_args_is_help=True, help="The local testbed (Kubernetes control plane + NATS, no Docker)."
@@ -386,7 +392,21 @@ def _register_config() -> None:
 _register_config()
 
 
+def completion_script(argv: list[str]) -> str | None:
+    """The completion script ``respawn --show-completion SHELL`` asks for, None for any other
+    command line. typer's own ``--show-completion`` takes no value: it detects the shell from the
+    parent processes and ignores a name after it (and finds none under a service manager or in a
+    container), so the named shell is honoured here."""
+    if len(argv) != 2 or argv[0] != "--show-completion" or argv[1] not in _SHELLS:
+        return None
+    return str(get_completion_script(prog_name="respawn", complete_var="_RESPAWN_COMPLETE", shell=argv[1]))
+
+
 def main() -> None:
+    script = completion_script(sys.argv[1:])
+    if script is not None:
+        typer.echo(script)
+        raise SystemExit(0)
     app()
 
 

@@ -4,6 +4,7 @@ and the retry-limit default read from Respawn's Deployment as deploy/ installs i
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from respawn.cli import clusterconfig, output, status, tail
+from respawn.cli import main as cli_main
 from respawn.cli.main import app
 from respawn.testbed import manifests
 from shared.appwrapper.params import RETRY_LIMIT_ANNOTATION
@@ -220,12 +222,35 @@ def test_version_prints_the_packages_version() -> None:
     assert (result.exit_code, result.stdout) == (0, f"respawn {version}\n")
 
 
-@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
-def test_show_completion_emits_a_completion_script_for_the_shell(shell: str) -> None:
-    result = CliRunner().invoke(app, ["--show-completion", shell], prog_name="respawn")
-    assert result.exit_code == 0, result.output
+# A line only that shell's script has.
+SHELL_MARKS = {
+    "bash": "complete -o default -F _respawn_completion respawn",
+    "zsh": "#compdef respawn",
+    "fish": "complete --command respawn",
+    "powershell": "Register-ArgumentCompleter",
+}
+
+
+@pytest.mark.parametrize("shell", sorted(SHELL_MARKS))
+def test_show_completion_emits_the_script_of_the_shell_it_names(
+    shell: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Whatever shell this runs under (or none, under a service manager): the named one counts.
+    monkeypatch.setattr(sys, "argv", ["respawn", "--show-completion", shell])
+    with pytest.raises(SystemExit) as exited:
+        cli_main.main()
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert SHELL_MARKS[shell] in out
+    assert all(mark not in out for other, mark in SHELL_MARKS.items() if other != shell)
     # The script calls the program back with its completion variable set.
-    assert "_RESPAWN_COMPLETE" in result.stdout and "respawn" in result.stdout
+    assert "_RESPAWN_COMPLETE" in out
+
+
+def test_only_a_named_shell_is_taken_by_respawn_itself() -> None:
+    assert cli_main.completion_script(["--show-completion", "tcsh"]) is None
+    assert cli_main.completion_script(["--show-completion"]) is None
+    assert cli_main.completion_script(["status", "--show-completion", "bash"]) is None
 
 
 def test_ctrl_c_exits_130(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
