@@ -172,34 +172,32 @@ async def send(
     began = time.monotonic()
     wait = backoff(0.05, 2.0)
     restored = False
+
+    async def attempt() -> Any:
+        nonlocal restored
+        try:
+            return await _send_once(js, subject, payload, headers, ack_timeout, state)
+        except nats.js.errors.NoStreamResponseError:
+            if restore_stream is not None and not restored:
+                # Once per publish: the server may simply be starting, and then there is
+                # nothing to restore (ensure_stream finds the stream and returns).
+                restored = await _restore(restore_stream, subject)
+            raise
+
     # The common case first, with no retry machinery around it: a tenacity loop per publish
     # costs a good share of a publish that succeeds at once.
     try:
-        return await _send_once(js, subject, payload, headers, ack_timeout, state)
-    except nats.js.errors.NoStreamResponseError:
-        if restore_stream is not None:
-            # Once per publish: the server may simply be starting, and then there is nothing to
-            # restore (ensure_stream finds the stream and returns).
-            restored = await _restore(restore_stream, subject)
+        return await attempt()
     except TRANSIENT_PUBLISH_ERRORS:
         pass
     # The pause the retry loop would have taken after this first attempt.
     await asyncio.sleep(delay(wait, 1))
-    ack: Any = None
-    async for attempt in AsyncRetrying(
+    return await AsyncRetrying(
         retry=retry_if_exception_type(TRANSIENT_PUBLISH_ERRORS),
         stop=stop_after_delay(max(0.0, retry_for - (time.monotonic() - began))),
         wait=wait,
         reraise=True,
-    ):
-        with attempt:
-            try:
-                ack = await _send_once(js, subject, payload, headers, ack_timeout, state)
-            except nats.js.errors.NoStreamResponseError:
-                if restore_stream is not None and not restored:
-                    restored = await _restore(restore_stream, subject)
-                raise
-    return ack
+    )(attempt)
 
 
 async def _send_once(
@@ -219,8 +217,6 @@ async def _send_once(
             raise PermanentPublishError(
                 PERMISSION, subject, "the server refused it (permissions violation)"
             ) from None
-        raise
-    except nats.js.errors.NoStreamResponseError:
         raise
     except nats.errors.Error as exc:
         reason = permanent_reason(exc)

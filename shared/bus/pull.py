@@ -30,6 +30,8 @@ import time
 from collections import deque
 from typing import Any
 
+from nats.js import api
+
 from shared.bus.errors import BusError
 
 __all__ = ["JS_API_PREFIX", "ConsumerGone", "Puller"]
@@ -37,8 +39,8 @@ __all__ = ["JS_API_PREFIX", "ConsumerGone", "Puller"]
 # The JetStream API's subject prefix (no domain): the bus's JetStream context and its pulls use it.
 JS_API_PREFIX = "$JS.API"
 
-STATUS_HEADER = "Status"
-DESCRIPTION_HEADER = "Description"
+STATUS_HEADER = api.Header.STATUS
+DESCRIPTION_HEADER = api.Header.DESCRIPTION
 # How long past its expiry a request may stay silent before it counts as lost (seconds).
 LOST_AFTER = 2.0
 # How long closing may wait for the subscription to hand over what it holds (seconds).
@@ -58,7 +60,7 @@ def ends_request(status: str, description: str) -> bool:
     """Whether a status message ends the outstanding request and it may simply be asked again
     (True), or says the consumer is gone (raises :class:`ConsumerGone`). Heartbeats (100) end
     nothing (False). Pure."""
-    if status == "100":
+    if status == api.StatusCode.CONTROL_MESSAGE:  # 100: a heartbeat
         return False
     if status == "503" or (status == "409" and "consumer deleted" in description.lower()):
         raise ConsumerGone(f"the consumer is gone ({status} {description})".rstrip())
