@@ -12,6 +12,7 @@ versions and machines (Python's ``hash`` of a string is salted per process).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Mapping
 
@@ -28,6 +29,9 @@ def fnv1a(data: bytes) -> int:
     return h
 
 
+# Every watch event and every message asks for its AppWrapper's partition, and the hash walks the
+# name byte by byte in Python: the answers of the AppWrappers seen lately are kept.
+@functools.lru_cache(maxsize=1 << 16)
 def partition_of(namespace: str, name: str, count: int) -> int:
     """The partition of the AppWrapper ``namespace/name`` among ``count``."""
     if count < 1:

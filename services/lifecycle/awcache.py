@@ -27,7 +27,6 @@ What may be answered from it, and what not:
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from typing import Any, Final
 
 from services.lifecycle.cache import Entry, Keep, WatchedCache, keep_all, object_key
 from services.lifecycle.workqueue import Key
+from shared import jsoncodec
 from shared.appwrapper.constants import API_VERSION, KIND
 
 __all__ = ["TOMBSTONES", "AppWrapperCache", "Lookup"]
@@ -73,20 +73,20 @@ def slim(obj: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-# An AppWrapper as kept: its JSON text, or the object itself when it cannot be encoded.
-Kept = str | dict[str, Any]
+# An AppWrapper as kept: its JSON, or the object itself when it cannot be encoded.
+Kept = bytes | dict[str, Any]
 
 
 def _pack(aw: dict[str, Any]) -> Kept:
     try:
-        return json.dumps(aw, separators=(",", ":"))
+        return jsoncodec.dumps(aw)
     except (RecursionError, TypeError, ValueError):
         return aw
 
 
 def _unpack(kept: Kept) -> dict[str, Any]:
-    if isinstance(kept, str):
-        loaded: dict[str, Any] = json.loads(kept)
+    if isinstance(kept, bytes):
+        loaded: dict[str, Any] = jsoncodec.loads(kept)
         return loaded
     return dict(kept)
 
@@ -154,7 +154,7 @@ class AppWrapperCache(WatchedCache[Kept]):
         """The AppWrapper held, only if its kept form contains ``text`` (e.g. an annotation's
         key): a look that decodes nothing for the AppWrappers that cannot match."""
         entry = self._entries.get(key)
-        if entry is None or (isinstance(entry.value, str) and text not in entry.value):
+        if entry is None or (isinstance(entry.value, bytes) and text.encode() not in entry.value):
             return None
         return _unpack(entry.value)
 

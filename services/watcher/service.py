@@ -41,7 +41,6 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
-import json
 import logging
 import time
 from collections import OrderedDict
@@ -51,7 +50,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.watcher import translate
-from shared import metrics, subjects
+from shared import jsoncodec, metrics, subjects
 from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, KIND
 from shared.appwrapper.model import list_at, mapping_at, str_at
 from shared.bus import BusError, PermanentPublishError
@@ -372,14 +371,14 @@ class Kept:
     @staticmethod
     def pack(obj: dict[str, Any]) -> bytes | dict[str, Any]:
         try:
-            return json.dumps(obj, separators=(",", ":")).encode()
+            return jsoncodec.dumps(obj)
         except (ValueError, TypeError, RecursionError):  # too deep to encode: kept as it is
             return obj
 
     def obj(self) -> dict[str, Any]:
         if isinstance(self.data, dict):
             return self.data
-        decoded: dict[str, Any] = json.loads(self.data)
+        decoded: dict[str, Any] = jsoncodec.loads(self.data)
         return decoded
 
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from shared import subjects
+from shared import jsoncodec, subjects
 from shared.appwrapper.constants import (
     ANNOUNCED_ANNOTATION,
     APPWRAPPER_LABEL,
@@ -385,7 +384,7 @@ def fingerprint(message: Message) -> str:
         meta = dict(data["body"].get("metadata", {}))
         meta.pop("resourceVersion", None)
         data["body"] = {**data["body"], "metadata": meta}
-    raw = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    raw = jsoncodec.dumps(data, sort_keys=True)
     return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 

@@ -33,7 +33,7 @@ from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared import metrics
+from shared import jsoncodec, metrics
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ def decode_body(raw: bytes | str, what: str) -> dict[str, Any]:
     """
     try:
         try:
-            data = json.loads(raw)
+            data = jsoncodec.loads(raw)
         except RecursionError:
             # One deep object must not make a whole LIST page (every other object on it)
             # unreadable: decode again with room for it; what then cannot handle the object
