@@ -11,6 +11,7 @@ test itself talks to the API server directly.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import time
 from collections.abc import Iterator
@@ -49,8 +50,9 @@ KUBE_CLIENTS = ("watcher", "lifecycle")
 FAULTY = ("f1", "f2", "f3", "f4")
 CLEAN = "clean"
 # A workload's pods succeed this long after they start running: long enough to fail the first
-# attempt's pod before it finishes, short enough for the second attempt to end soon.
-RUN_FOR = "10s"
+# attempt's pod before it finishes (the test reads through kubectl, slowly on a loaded machine),
+# short enough for the second attempt to end soon.
+RUN_FOR = "30s"
 # More requests than this per second from one service would be retrying without a pause.
 MAX_REQUEST_RATE = 40.0
 
@@ -168,13 +170,17 @@ async def test_workloads_come_out_right_while_the_api_server_fails_a_quarter_of_
         )
         apply(kc, namespace, aw)
 
-    # One pod of each faulty workload fails while its first attempt runs.
+    # One pod of each faulty workload fails while its first attempt runs: each as soon as it
+    # runs, not one after another (the last would otherwise wait for the others' handling).
     first_jobs: dict[str, str] = {}
-    for name in FAULTY:
+
+    async def fail_first_attempt(name: str) -> None:
         await wait_phase(kc, namespace, name, "Running", within=60)
-        pods = await until(f"{name}'s pods running", lambda: running_pods(kc, namespace, name))  # noqa: B023
+        pods = await until(f"{name}'s pods running", lambda: running_pods(kc, namespace, name))
         first_jobs[name] = pods[0]["metadata"]["ownerReferences"][0]["uid"]
         sim.fail_pod(kc, namespace, pods[0]["metadata"]["name"], exit_code=1)
+
+    await asyncio.gather(*(fail_first_attempt(name) for name in FAULTY))
 
     for name in FAULTY:
         done = await wait_phase(kc, namespace, name, "Succeeded", within=90)
