@@ -21,7 +21,15 @@ from typing import Any
 
 from bench import run, upstream
 from bench.config import CONTROLLERS, BenchError, add_arguments, config_from
-from bench.report import describe, figures, format_value, phase_rows, phase_table, violation_lines
+from bench.report import (
+    describe,
+    figures,
+    format_value,
+    phase_rows,
+    phase_table,
+    testbed_lines,
+    violation_lines,
+)
 from respawn.testbed.errors import TestbedError
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -135,6 +143,7 @@ def render(results: Mapping[str, Mapping[str, Any]]) -> str:
         api = r.get("cost", {}).get("api_requests_per_min_idle")
         if api:
             lines.append(f"  idle API requests/min by request: {api['controller_by_request']}")
+        lines.extend(f"  {line}" for line in testbed_lines(r))
     return "\n".join(lines)
 
 

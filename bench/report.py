@@ -205,6 +205,16 @@ def whole_run_cpu(marks: Sequence[Mark], process: str) -> float | None:
     return round(marks[-1].cpu[process] - marks[0].cpu[process], 3)
 
 
+def host_busy(marks: Sequence[Mark]) -> dict[str, float | None]:
+    """How busy the machine's cores were in each phase the marks bound, in percent of all of
+    them (100: every core busy throughout), whatever ran on them; None without host readings."""
+    out: dict[str, float | None] = {}
+    for a, b in itertools.pairwise(marks):
+        span = b.host[1] - a.host[1]
+        out[b.phase] = round((b.host[0] - a.host[0]) / span * 100, 1) if span > 0 else None
+    return out
+
+
 def phase_seconds(marks: Sequence[Mark]) -> dict[str, float]:
     """How long each phase the marks bound took (wall-clock seconds)."""
     return {b.phase: round(b.wall - a.wall, 3) for a, b in itertools.pairwise(marks)}
@@ -395,6 +405,32 @@ def violation_lines(correctness: Mapping[str, Any]) -> list[str]:
     return [f"  {key}: {item}" for key in VIOLATIONS for item in correctness.get(key, [])[:10]]
 
 
+# How many kinds of request the fault phase's API-server latency lines show (the most frequent).
+LATENCY_LINES = 8
+
+
+def testbed_lines(result: Mapping[str, Any]) -> list[str]:
+    """Where the testbed itself stood: how busy the machine was per phase, the testbed's own
+    processes' CPU per phase, and the API server's own time to serve the fault phase's requests
+    (nothing for a result saved before these were measured)."""
+    lines: list[str] = []
+    cost = result.get("cost", {})
+    busy = cost.get("host_busy_percent") or {}
+    if busy:
+        shown = ", ".join(f"{phase} {'—' if v is None else f'{v:.0f} %'}" for phase, v in busy.items())
+        lines.append(f"machine busy per phase (% of all its cores): {shown}")
+    testbed = cost.get("testbed_cpu_phases_s") or {}
+    for name, phases in testbed.items():
+        shown = ", ".join(f"{phase} {_cell(value, 's')}" for phase, value in phases.items())
+        lines.append(f"  {name} CPU per phase: {shown}")
+    latency = result.get("faults", {}).get("api_server_latency") or {}
+    if latency:
+        lines.append("the API server's own time to serve, fault phase (count: p50 / p90 / p99 ms):")
+        for key, f in list(latency.items())[:LATENCY_LINES]:
+            lines.append(f"  {key}: {f['count']:,.0f}: {f['p50_ms']} / {f['p90_ms']} / {f['p99_ms']}")
+    return lines
+
+
 def render(result: Mapping[str, Any]) -> str:
     lines = [
         f"## {result['controller']}: {describe(result.get('config', {}))}",
@@ -425,4 +461,7 @@ def render(result: Mapping[str, Any]) -> str:
     lines.extend(phase_table(result))
     lines.extend(["", "Per process:", ""])
     lines.extend(process_table(result))
+    testbed = testbed_lines(result)
+    if testbed:
+        lines.extend(["", *testbed])
     return "\n".join(lines)

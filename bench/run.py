@@ -57,7 +57,7 @@ from bench.driver import Driver
 from bench.plan import AwSpec, nodes_needed, plan_faults, plan_workload
 from bench.procstat import cpu_seconds, settle
 from bench.progress import Log, stderr_log
-from bench.samples import Mark, Sampler, Snapshot, Window, mark
+from bench.samples import Mark, Sampler, Snapshot, Window, latency_between, mark
 from bench.session import Session
 from bench.testbed import ready_nodes, testbed
 from bench.tracker import Tracker, subscribe_verdicts, watch
@@ -67,6 +67,9 @@ from shared.kube import Kube, KubeApiError
 
 # How long the testbed's controller manager may take to go quiet after set-up.
 TESTBED_QUIET_LIMIT = 600.0
+# Requests of a kind served fewer times than this in the fault phase have no percentiles worth
+# showing (a p99 of 10 is the largest).
+FAULT_LATENCY_MIN_COUNT = 20
 
 
 @dataclass
@@ -86,7 +89,8 @@ class Bench:
     marks: list[Mark] = field(default_factory=list)
 
     def mark(self, phase: str) -> None:
-        self.marks.append(mark(phase, self.processes))
+        # The testbed's processes too: where the machine's two cores went in each phase.
+        self.marks.append(mark(phase, {**self.processes, **self.testbed_processes}))
 
 
 @dataclass
@@ -267,10 +271,11 @@ async def fault_phase(bench: Bench, planned: Sequence[PlannedFault]) -> FaultPha
     """Inject the planned faults and wait for every AppWrapper to recover."""
     cfg = bench.cfg
     bench.log(f"injecting {len(planned)} faults over {cfg.duration:.0f}s")
-    start = await bench.sampler.snapshot(api=False)
+    # With the API server's metrics: its own time to serve what it was asked in this phase.
+    start = await bench.sampler.snapshot()
     t_faults = time.monotonic()
     settled = await bench.driver.inject_and_settle(planned, cfg.settle_timeout)
-    end = await bench.sampler.snapshot(api=False)
+    end = await bench.sampler.snapshot()
     seconds = time.monotonic() - t_faults
     bench.log(f"fault phase {'settled' if settled else 'did NOT settle'} after {seconds:.1f}s")
     return FaultPhase(settled, seconds, start, end)
@@ -366,9 +371,15 @@ def summary(
         cost["testbed_idle_cpu_percent"] = {
             k: v for k, v in idle.cpu_percent.items() if k in bench.testbed_processes
         }
+    cost["testbed_cpu_phases_s"] = {n: report.phase_cpu(bench.marks, n) for n in bench.testbed_processes}
+    cost["host_busy_percent"] = report.host_busy(bench.marks)
+    described = describe_faults(bench, planned, faults)
+    described["api_server_latency"] = latency_between(
+        faults.start.api_latency, faults.end.api_latency, min_count=FAULT_LATENCY_MIN_COUNT
+    )
     return {
         "workload": describe_workload(workload),
-        "faults": describe_faults(bench, planned, faults),
+        "faults": described,
         "records": [report.fault_record(f) for f in tracked],
         "latency": report.latencies(tracked, bench.cfg),
         "correctness": judge(end, tracked, cleanup.left, settled=faults.settled),
