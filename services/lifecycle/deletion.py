@@ -191,10 +191,11 @@ def staged_deletion(
         return DeletionStep(
             False, list(conditions), entries, tuple(actions), min(deadline, poll), foreign=seen_foreign
         )
-    if observed.pods is None:
-        # Not listed: completion cannot be declared, and forcing needs names.
+    pods = observed.pods_gone_known
+    if pods is None:
+        # Not listed (or only the cache's unconfirmed "none"): completion cannot be declared,
+        # and forcing needs names.
         return DeletionStep(False, list(conditions), entries, tuple(actions), poll, foreign=seen_foreign)
-    pods = observed.pods
     if not remaining and not pods:
         conditions = clear_condition(
             conditions,

@@ -938,7 +938,10 @@ class _Reconciliation:
         if verdict.state == "Succeeded":
             self.verdict_use = VerdictUse.APPLIED
             succeeded = (
-                self.observed.count_pods()[2] if self.observed.pods is not None else self._expected_pods()
+                # An unconfirmed "none" (the pod cache's) says nothing of how many succeeded.
+                self.observed.count_pods()[2]
+                if self.observed.pods_gone_known is not None
+                else self._expected_pods()
             )
             message = f"{succeeded} pods succeeded and no running, pending, or failed pods"
             if verdict.message and completion_policy(_mapping(self.meta.get("annotations")))[0] is not None:

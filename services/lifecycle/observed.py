@@ -171,6 +171,15 @@ class Observed:
     created: Mapping[int, CreateOutcome] = field(default_factory=dict)
     # The cluster's nodes, for node exclusion on a reset; None when not read.
     nodes: tuple[ObservedNode, ...] | None = None
+    # False when ``pods`` is the pod cache's "none so far" taken without a LIST (a workload
+    # starting or running): good for counting pods, never for concluding that none is left.
+    pods_confirmed: bool = True
+
+    @property
+    def pods_gone_known(self) -> tuple[ObservedPod, ...] | None:
+        """``pods`` where an empty answer may complete a deletion: None (unknown) for an
+        unconfirmed "none"."""
+        return self.pods if self.pods or self.pods_confirmed else None
 
     def component(self, index: int) -> ObservedComponent:
         if 0 <= index < len(self.components):

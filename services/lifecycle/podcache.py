@@ -20,6 +20,13 @@ What a watch cache may say and what it may not:
   components. So an empty answer is not given from the cache (:meth:`PodCache.pods` returns
   ``None``) and the reader confirms it with a LIST; that happens once per reset or deletion,
   not on every pass of a running workload.
+- A workload that is starting or running draws no such conclusion from "none": its pods are
+  counted for ``PodsReady`` only, and "none yet" is what a workload whose pods have not been
+  created or not yet reached the watch looks like. For those passes the reader takes the
+  cache's "none" (:meth:`PodCache.holds_none`) without a LIST, marked as not confirmed
+  (``Observed.pods_confirmed``), so that a deletion that begins in the same pass still waits
+  for a LIST before it completes. At a mass start that is two LISTs per AppWrapper spared,
+  each of which makes the API server filter every pod of the namespace.
 """
 
 from __future__ import annotations
@@ -73,6 +80,12 @@ class PodCache(WatchedCache[ObservedPod]):
         if not pods:
             return None
         return tuple(sorted((entry.value for entry in pods.values()), key=lambda p: p.name))
+
+    def holds_none(self, namespace: str, appwrapper: str) -> bool:
+        """Whether the cache, able to answer for the AppWrapper, holds none of its pods: "none
+        that the watch has brought so far", never a confirmation that none is left."""
+        key = (namespace, appwrapper)
+        return self.answers(key) and not self.of(key)
 
     async def run(
         self, kube: Kube, ref: ResourceRef, *, label_selector: str | None = APPWRAPPER_LABEL

@@ -188,6 +188,7 @@ class Reader:
         pods: bool = True,
         components: bool = True,
         nodes: bool = True,
+        none_from_cache: bool = False,
     ) -> Observed:
         """Authoritative reads of every component (unless ``components`` is False), the labelled
         pods (unless ``pods`` is False) and the nodes (unless ``nodes`` is False), issued
@@ -197,6 +198,10 @@ class Reader:
         be this AppWrapper's (by a read or our create), so that a delete of it can carry that
         uid as its precondition; one never confirmed is read even so, because without a uid it
         could not be deleted at all.
+
+        ``none_from_cache``: when the pod cache holds none of the AppWrapper's pods, take that
+        without a LIST (for a workload starting or running, whose passes conclude nothing from
+        "none"); the answer is then marked unconfirmed (``Observed.pods_confirmed``).
         """
         meta = _mapping(aw.get("metadata"))
         namespace, name, uid = (
@@ -273,8 +278,11 @@ class Reader:
             asyncio.gather(*reads),
             self.observe_nodes() if nodes else _none(),
         )
-        listed = None
-        if pods:
+        listed: tuple[ObservedPod, ...] | None = None
+        confirmed = True
+        if pods and none_from_cache and self.pod_cache.holds_none(namespace, name):
+            listed, confirmed = (), False
+        elif pods:
             # After the components: what they were read to be is what the pods' chains end at.
             identities = {
                 (group, kind, component.name)
@@ -282,7 +290,13 @@ class Reader:
                 if component.name
             }
             listed = await self.observe_pods(namespace, name, uid, identities)
-        return Observed(components=tuple(seen), pods=listed, created=dict(created), nodes=node_list)
+        return Observed(
+            components=tuple(seen),
+            pods=listed,
+            created=dict(created),
+            nodes=node_list,
+            pods_confirmed=confirmed,
+        )
 
     async def observe_pods(
         self,

@@ -35,7 +35,7 @@ from services.lifecycle.templating import PodTemplateHook
 from services.lifecycle.verdicts import VerdictUse
 from services.lifecycle.workqueue import Key, WorkQueue
 from shared import metrics
-from shared.appwrapper.constants import ANNOUNCED_ANNOTATION, INCIDENT_TRACE_ANNOTATION
+from shared.appwrapper.constants import ANNOUNCED_ANNOTATION, INCIDENT_TRACE_ANNOTATION, Phase
 from shared.bus import TransientError
 from shared.config import NodeExclusionConfig
 from shared.faulttolerance import FaultTolerance
@@ -49,6 +49,10 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("respawn.lifecycle")
 
 MAX_PASSES: Final = 6  # reconcile passes per trigger (creates feed their outcomes into the next pass)
+# Phases whose passes conclude nothing from "no pod of the AppWrapper exists" (they count pods
+# for PodsReady only): their pods may come from the pod cache's "none so far" without a LIST
+# (services/lifecycle/podcache.py). The deleting phases confirm "none left" with a LIST.
+_NO_CONCLUSION_FROM_NO_PODS: Final = frozenset({Phase.EMPTY, Phase.SUSPENDED, Phase.RESUMING, Phase.RUNNING})
 
 CONFLICTS = metrics.counter(
     "respawn_lifecycle_status_conflicts", "Status writes that lost to a newer version"
@@ -203,7 +207,13 @@ class Reconciler:
             unhealthy = verdict is not None and verdict.state == "Unhealthy"
             # The consistency mode of deletion needs them too: which pods' nodes answer.
             observed = await self.reader.observe(
-                aw, created, pods=not quick, components=not quick, nodes=unhealthy or params.consistency_mode
+                aw,
+                created,
+                pods=not quick,
+                components=not quick,
+                nodes=unhealthy or params.consistency_mode,
+                none_from_cache=was in _NO_CONCLUSION_FROM_NO_PODS
+                and not _mapping(aw.get("metadata")).get("deletionTimestamp"),
             )
             t_decide = time.perf_counter()
             now = self.clock()

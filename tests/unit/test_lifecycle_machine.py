@@ -1484,3 +1484,37 @@ def test_one_verdict_delivered_over_and_over_resets_at_most_once(
     assert resets <= 1
     assert count_of(aw) <= max(start_count, limit)
     assert count_of(aw) == start_count + (1 if resets and counts else 0)
+
+
+def test_the_pod_caches_unconfirmed_none_never_completes_a_deletion() -> None:
+    """A workload starting or running may take its pods from the pod cache's "none so far"
+    without a LIST; a deletion that then begins (in that pass or a later one) must not take it
+    for "none left", which lets a reset recreate the components and releases quota."""
+    aw = resetting()
+    now = T0 + timedelta(seconds=30)
+    unconfirmed = Observed(components=(ObservedComponent(Presence.ABSENT),), pods=(), pods_confirmed=False)
+    plan = reconcile(aw, unconfirmed, None, PARAMS, now)
+    assert cond(apply(aw, plan), "ResourcesDeployed")["status"] == "True", "still deleting"
+    assert plan.phase == Phase.RESETTING
+    # Past the forceful deadline it does not escalate on it either (forcing needs the names).
+    late = reconcile(aw, unconfirmed, None, PARAMS, T0 + PARAMS.forceful_deletion_grace)
+    assert not deletes(late, DeletePods, force=True)
+    assert late.phase == Phase.RESETTING
+    # The same "none" confirmed (a LIST's) completes it.
+    confirmed = Observed(components=(ObservedComponent(Presence.ABSENT),), pods=())
+    done = apply(aw, reconcile(aw, confirmed, None, PARAMS, now))
+    assert cond(done, "ResourcesDeployed")["status"] == "False"
+
+
+def test_a_running_workload_counts_the_unconfirmed_none_for_pods_ready_only() -> None:
+    aw = running()
+    now = T0 + timedelta(seconds=1)
+    two = [ObservedPod("p0", "Running"), ObservedPod("p1", "Running")]
+    ready = apply(aw, reconcile(aw, present(1, two), None, PARAMS, now))
+    assert cond(ready, "PodsReady")["status"] == "True"
+    # The pods went away (as the cache saw it): PodsReady falls, and nothing else happens.
+    unconfirmed = Observed(components=(ObservedComponent(Presence.PRESENT),), pods=(), pods_confirmed=False)
+    plan = reconcile(ready, unconfirmed, None, PARAMS, now + timedelta(seconds=1))
+    assert plan.phase == Phase.RUNNING
+    assert not [a for a in plan.actions if isinstance(a, DeleteComponent | DeletePods)]
+    assert cond(apply(ready, plan), "PodsReady")["status"] == "False"

@@ -187,3 +187,38 @@ def test_a_malformed_pod_is_skipped_and_the_cache_goes_on() -> None:
         ("a-1", "Pending"),
         ("a-2", "Running"),
     ]
+
+
+def test_holds_none_only_where_the_cache_can_answer() -> None:
+    cache = PodCache(keep=lambda key: key[1] != "elsewhere")
+    cache.apply(WatchEvent("ADDED", pod("a-0", "a")))
+    assert not cache.holds_none("team", "b"), "not synced: it knows nothing"
+    cache.apply(WatchEvent("SYNCED", {}))
+    assert cache.holds_none("team", "b")
+    assert not cache.holds_none("team", "a")
+    assert not cache.holds_none("team", "elsewhere"), "another replica's AppWrapper"
+    cache.apply(WatchEvent("DELETED", pod("a-0", "a")))
+    assert cache.holds_none("team", "a")
+
+
+async def test_a_starting_or_running_workload_takes_the_caches_none_without_a_list() -> None:
+    kube = ListingKube()
+    cache = synced(None)
+    reader = reader_with(cache, kube)
+    aw = {"metadata": {"namespace": "team", "name": "a", "uid": AW_UID}, "spec": {"components": []}}
+    seen = await reader.observe(aw, {}, components=False, nodes=False, none_from_cache=True)
+    assert (seen.pods, seen.pods_confirmed, seen.pods_gone_known) == ((), False, None)
+    assert kube.lists == []
+    # Without it (a deletion under way), "none" is the API server's to say.
+    seen = await reader.observe(aw, {}, components=False, nodes=False)
+    assert [p.name for p in seen.pods or ()] == ["listed"]
+    assert seen.pods_confirmed
+    assert kube.lists == [f"{APPWRAPPER_LABEL}=a"]
+    # Pods in the cache are taken from it either way; an unsynced cache is listed either way.
+    cache.apply(WatchEvent("ADDED", pod("a-0", "a", **OWNED)))
+    seen = await reader.observe(aw, {}, components=False, nodes=False, none_from_cache=True)
+    assert [p.name for p in seen.pods or ()] == ["a-0"]
+    fresh = reader_with(PodCache(), kube)
+    seen = await fresh.observe(aw, {}, components=False, nodes=False, none_from_cache=True)
+    assert [p.name for p in seen.pods or ()] == ["listed"]
+    assert len(kube.lists) == 2
