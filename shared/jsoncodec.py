@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["dumps", "loads"]
+__all__ = ["dumps", "loads", "pack"]
 
 # Every ASCII digit becomes "0" and every other byte a space: a run of 19 zeros in the result is
 # a number orjson may not read exactly (64 bits hold 19 or 20 digits; it reads a wider integer
@@ -54,3 +54,11 @@ def dumps(value: Any, *, sort_keys: bool = False) -> bytes:
     except TypeError:
         # ASCII with escapes: a lone surrogate in a string stays readable by loads().
         return json.dumps(value, sort_keys=sort_keys, separators=(",", ":")).encode()
+
+
+def pack(value: Any) -> bytes:
+    """:func:`dumps` for bytes kept for long (the objects a cache or a takeover keeps): in a
+    buffer of exactly their size. orjson hands back its working buffer, grown by doubling and
+    never shrunk, so a kept object could occupy up to twice its length (8 KB for a 5.9 KB pod);
+    a copy of a few microseconds makes it exact."""
+    return bytes(memoryview(dumps(value)))

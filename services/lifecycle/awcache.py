@@ -79,7 +79,7 @@ Kept = bytes | dict[str, Any]
 
 def _pack(aw: dict[str, Any]) -> Kept:
     try:
-        return jsoncodec.dumps(aw)
+        return jsoncodec.pack(aw)
     except (RecursionError, TypeError, ValueError):
         return aw
 

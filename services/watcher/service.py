@@ -371,7 +371,7 @@ class Kept:
     @staticmethod
     def pack(obj: dict[str, Any]) -> bytes | dict[str, Any]:
         try:
-            return jsoncodec.dumps(obj)
+            return jsoncodec.pack(obj)
         except (ValueError, TypeError, RecursionError):  # too deep to encode: kept as it is
             return obj
 

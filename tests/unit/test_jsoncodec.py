@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -101,3 +102,30 @@ def test_nesting_beyond_the_fast_encoders_limit_is_written_by_the_standard_libra
     for _ in range(300):
         value = {"a": value}
     assert json.loads(jsoncodec.dumps(value)) == value
+
+
+@given(values)
+def test_packed_bytes_are_the_same_json(value: Any) -> None:
+    assert jsoncodec.pack(value) == jsoncodec.dumps(value)
+
+
+def test_packed_bytes_take_their_own_size_in_memory() -> None:
+    """What caches keep for long must not occupy orjson's working buffer (up to twice its
+    length): thousands of kept objects would double a service's memory."""
+    pod = {"items": [{"name": f"container-{i}", "image": "x" * 90, "ready": True} for i in range(32)]}
+    size = len(jsoncodec.dumps(pod))
+    assert 4200 < size < 5000  # orjson grows its buffer to 8 KB for it
+
+    def traced(make: Any) -> float:
+        tracemalloc.start()
+        try:
+            kept = [make(pod) for _ in range(200)]
+            allocated = sum(s.size for s in tracemalloc.take_snapshot().statistics("filename"))
+        finally:
+            tracemalloc.stop()
+        assert len(kept) == 200
+        return allocated / 200
+
+    assert traced(jsoncodec.pack) < size * 1.1
+    # What it guards against: the unpacked form (orjson's buffer) takes markedly more.
+    assert traced(jsoncodec.dumps) > size * 1.5
