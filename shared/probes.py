@@ -7,6 +7,9 @@
   failing ones, in the style of the Kubernetes API server's verbose probe output.
 - ``/metrics`` serves the process's Prometheus registry (see shared.metrics), on the probe port
   unless the configuration's ``metricsPort`` gives it a port of its own (:func:`start_metrics`).
+- ``/debug/memory`` says where the process's memory was allocated, by source line, when the
+  process traces its allocations (started with Python's own ``PYTHONTRACEMALLOC=<frames>``,
+  which slows every allocation: for a diagnosis, not for production); 404 saying so otherwise.
 
 aiohttp is used because it is already a dependency (kubernetes-asyncio) and
 prometheus-client ships a handler for it.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tracemalloc
 from collections.abc import Callable, Mapping
 
 from aiohttp import web
@@ -73,6 +77,7 @@ class ProbeServer:
             app.router.add_get("/healthz", self._healthz)
             app.router.add_get("/livez", self._healthz)
             app.router.add_get("/readyz", self._readyz)
+            app.router.add_get("/debug/memory", self._memory)
         if metrics:
             app.router.add_get("/metrics", make_aiohttp_handler(registry))
         self._app = app
@@ -117,6 +122,20 @@ class ProbeServer:
     async def _healthz(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
+    async def _memory(self, request: web.Request) -> web.Response:
+        if not tracemalloc.is_tracing():
+            return web.Response(status=404, text=NOT_TRACING)
+        group = request.query.get("group", "lineno")
+        try:
+            limit = int(request.query.get("limit", str(MEMORY_LINES)))
+        except ValueError:
+            limit = -1
+        if group not in MEMORY_GROUPS or limit < 1:
+            return web.Response(
+                status=400, text=f"group is one of {', '.join(MEMORY_GROUPS)}; limit a positive number\n"
+            )
+        return web.Response(text=memory_report(tracemalloc.take_snapshot(), group=group, limit=limit))
+
     async def _readyz(self, _request: web.Request) -> web.Response:
         failing = self.failing_checks()
         lines = [f"[{'-' if name in failing else '+'}]{name} {'failed' if name in failing else 'ok'}"
@@ -126,6 +145,36 @@ class ProbeServer:
             return web.Response(status=503, text="\n".join(lines) + "\n")
         lines.append("readyz check passed")
         return web.Response(text="\n".join(lines) + "\n")
+
+
+# /debug/memory: how many allocation sites it lists unless asked (?limit=), and how it may group
+# them (?group=): by source line, by file, or by the whole traceback kept (PYTHONTRACEMALLOC's
+# number of frames).
+MEMORY_LINES = 40
+MEMORY_GROUPS = ("lineno", "filename", "traceback")
+NOT_TRACING = (
+    "allocations are not traced: start the process with PYTHONTRACEMALLOC=<frames> (e.g. 1) to see "
+    "where its memory goes here (it slows every allocation)\n"
+)
+
+
+def memory_report(snapshot: tracemalloc.Snapshot, *, group: str = "lineno", limit: int = MEMORY_LINES) -> str:
+    """The largest allocation sites still holding memory in ``snapshot``, one per line (size,
+    count of blocks, where), after the total traced (pure)."""
+    stats = snapshot.statistics(group)
+    total = sum(stat.size for stat in stats)
+    blocks = sum(stat.count for stat in stats)
+    lines = [f"traced: {total / 2**20:.1f} MiB in {blocks:,} blocks; by {group}, largest first"]
+    for stat in stats[:limit]:
+        if group == "traceback":
+            # Innermost frame first, then its callers.
+            where = " <- ".join(f"{f.filename}:{f.lineno}" for f in reversed(stat.traceback))
+        elif group == "filename":
+            where = stat.traceback[0].filename
+        else:
+            where = str(stat.traceback[0])
+        lines.append(f"{stat.size / 2**20:10.2f} MiB {stat.count:10,d}  {where}")
+    return "\n".join(lines) + "\n"
 
 
 async def start_probes(

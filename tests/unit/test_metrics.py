@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import platform
 import socket
+import tracemalloc
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -205,3 +207,33 @@ def test_build_info_names_the_service_version_and_python() -> None:
     assert len(mine) == 1
     assert mine[0]["python"] == platform.python_version()
     assert mine[0]["version"] not in ("", "unknown")  # the installed package's version
+
+
+async def test_debug_memory_says_how_to_trace_when_allocations_are_not_traced(probes: ProbeServer) -> None:
+    assert not tracemalloc.is_tracing()
+    status, text = await get(probes, "/debug/memory")
+    assert status == 404
+    assert "PYTHONTRACEMALLOC" in text
+
+
+async def test_debug_memory_lists_the_largest_allocation_sites(probes: ProbeServer) -> None:
+    tracemalloc.start(2)
+    try:
+        held = [bytearray(4096) for _ in range(2000)]  # about 8 MiB, allocated on this line
+        line = inspect.currentframe().f_lineno - 1  # type: ignore[union-attr]
+        status, text = await get(probes, "/debug/memory?limit=5")
+        assert status == 200
+        header, *sites = text.splitlines()
+        assert header.startswith("traced: ") and header.endswith("by lineno, largest first")
+        assert len(sites) == 5
+        assert sites[0].endswith(f"{__file__}:{line}"), sites[0]
+        assert float(sites[0].split()[0]) >= 7.5  # MiB
+        status, text = await get(probes, "/debug/memory?group=traceback&limit=1")
+        assert status == 200 and f"{__file__}:{line} <- " in text.splitlines()[1]
+        status, text = await get(probes, "/debug/memory?group=filename&limit=1")
+        assert text.splitlines()[1].endswith(__file__)
+        for bad in ("group=module", "limit=0", "limit=many"):
+            assert (await get(probes, f"/debug/memory?{bad}"))[0] == 400
+        assert len(held) == 2000
+    finally:
+        tracemalloc.stop()
