@@ -38,19 +38,24 @@ class LatestVerdicts:
 
     Verdicts of one AppWrapper arrive in order, but a redelivery can bring back an older one;
     a verdict about a new incarnation (another uid) always replaces the old incarnation's.
+
+    Each is kept as its JSON (with its uid and sequence, which the comparison needs) and read
+    back when a reconcile asks: as a model, a verdict with its pods and conditions is some
+    3 KB of small objects, 30 MB at 10,000 AppWrappers; as JSON under a third of that.
     """
 
     def __init__(self) -> None:
-        self._latest: dict[Key, Verdict] = {}
+        self._latest: dict[Key, tuple[str, int, bytes]] = {}
 
     def offer(self, verdict: Verdict) -> None:
         key = (verdict.ref.namespace, verdict.ref.name)
         known = self._latest.get(key)
-        if known is None or known.ref.uid != verdict.ref.uid or known.seq <= verdict.seq:
-            self._latest[key] = verdict
+        if known is None or known[0] != verdict.ref.uid or known[1] <= verdict.seq:
+            self._latest[key] = (verdict.ref.uid, verdict.seq, verdict.model_dump_json().encode())
 
     def get(self, key: Key) -> Verdict | None:
-        return self._latest.get(key)
+        known = self._latest.get(key)
+        return None if known is None else Verdict.model_validate_json(known[2])
 
     def forget(self, key: Key) -> None:
         """The AppWrapper is gone."""

@@ -83,3 +83,30 @@ async def test_a_redelivered_older_verdict_does_not_replace_the_latest() -> None
     assert latest.get(KEY) == recreated, "a new incarnation starts its own sequence"
     latest.forget(KEY)
     assert latest.get(KEY) is None
+
+
+def test_the_latest_verdict_is_handed_out_as_it_came_with_every_field() -> None:
+    latest = LatestVerdicts()
+    full = Verdict(
+        ref=ObjectRef(namespace="team", name="train", uid="uid-1"),
+        state="Unhealthy",
+        reason="FoundFailedPods",
+        message="pod train-0 failed: exit code 1 (Transient)",
+        terminal=False,
+        counts_toward_retry=False,
+        nodes=("node-1", "node-2"),
+        resetting_count=2,
+        first_unhealthy_at=T0 - timedelta(seconds=3, microseconds=250),
+        decided_at=T0,
+        seq=7,
+        warnings=("faultTolerance.failureGracePeriod: not a duration",),
+        deadline=T0 + timedelta(minutes=1),
+        attempt_started_at=T0 - timedelta(hours=1),
+        failure_class="Transient",
+        failure_code="ExitCode:1",
+        fault_kind="pod",
+    )
+    latest.offer(full)
+    got = latest.get(KEY)
+    assert got == full
+    assert got is not full, "each reconcile gets a verdict of its own"
