@@ -41,11 +41,13 @@ from services.health.rules import evaluate
 from services.health.state import (
     AppWrapperHealth,
     FailureSettings,
-    affected_by,
     apply,
     gone,
+    node_changes,
     remember_published,
     supersedes,
+    touched_by,
+    with_node_verdicts,
 )
 from shared import metrics, subjects
 from shared.bus import Delivery, Replay, replay_consumer_name, until_done
@@ -190,6 +192,9 @@ class HealthService:
         state = self.states.get(key)
         if state is None:
             return
+        synced = with_node_verdicts(state, self.node_verdicts)
+        if synced is not state:
+            self.states[key] = state = synced
         decision = evaluate(state, now)
         v = decision.verdict
         if v is not None:
@@ -291,10 +296,14 @@ class HealthService:
         if not supersedes(message, previous):
             return  # an older decision delivered late (the states ignore it too)
         self.node_verdicts[message.resource] = message
-        for key, state in list(self.states.items()):
-            self.states[key] = apply(state, message)
-            if self.live(key) and affected_by(state, previous, message):
-                self.mark_dirty(key)
+        changed = node_changes(previous, message)
+        # Only the AppWrappers it may change take it now and are judged again; every other
+        # state takes it before it is next judged (evaluate).
+        for key, state in self.states.items():
+            if touched_by(state, changed, message):
+                self.states[key] = with_node_verdicts(state, self.node_verdicts)
+                if self.live(key):
+                    self.mark_dirty(key)
 
     async def timer(self) -> None:
         """Evaluate AppWrappers whose deadline has passed (deadlines are computed, not slept on)."""

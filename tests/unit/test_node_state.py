@@ -20,7 +20,15 @@ from services.autopilot.nodestate import (
     observe,
 )
 from services.health.rules import evaluate
-from services.health.state import AppWrapperHealth, affected_by, apply, node_state_of
+from services.health.state import (
+    AppWrapperHealth,
+    affected_by,
+    apply,
+    node_changes,
+    node_state_of,
+    touched_by,
+    with_node_verdicts,
+)
 from services.watcher.translate import node_observation
 from shared.messages import NODE_STATE_RESOURCE, LostNode, NodeObservation, NodeVerdict, Verdict
 from tests.unit.test_health_rules import (
@@ -284,3 +292,33 @@ def test_the_leeway_comes_from_the_operators_settings() -> None:
     assert judged(health, T0 + 4 * MIN).failure_code == "ExitCode:1"
     wider = replace(health, failures=replace(health.failures, node_lost_leeway=timedelta(minutes=5)))
     assert judged(wider, T0 + 4 * MIN).failure_code == "NodeLost"
+
+
+def test_a_state_takes_the_node_verdicts_it_lacks_before_it_is_judged_and_only_those() -> None:
+    """Health applies a node verdict at once only to the AppWrappers it may change; any other
+    takes it (and every later one) before it is next judged."""
+    state = fold([aw_obs(), *running("p0", node="n1")])
+    first = lost_verdict(LostNode(node="n9", state="NotReady", since=T0))
+    later = lost_verdict(LostNode(node="n8", state="Deleted", since=T0), at=T0 + MIN)
+    assert with_node_verdicts(state, {}) is state
+    synced = with_node_verdicts(state, {first.resource: first})
+    assert synced.node_verdicts == {first.resource: first}
+    assert with_node_verdicts(synced, {first.resource: first}) is synced, "nothing new: the same state"
+    assert with_node_verdicts(synced, {later.resource: later}).node_verdicts == {later.resource: later}
+    # An older decision than the one held is not taken.
+    newer = with_node_verdicts(state, {later.resource: later})
+    assert with_node_verdicts(newer, {first.resource: first}).node_verdicts == {later.resource: later}
+    # The same as applying them one by one as they came.
+    assert with_node_verdicts(state, {later.resource: later}) == apply(apply(state, first), later)
+
+
+def test_the_nodes_a_verdict_moved_are_computed_once_and_decide_what_it_touches() -> None:
+    state = fold([aw_obs(), failed_pod("p0", node="n1", finished_at=T0 + MIN), *running("p1", node="n2")])
+    before = lost_verdict(LostNode(node="n9", state="NotReady", since=T0))
+    on_failed = lost_verdict(*before.lost_nodes, LostNode(node="n1", state="Deleted", since=T0))
+    assert node_changes(before, on_failed) == {"n1"}
+    assert node_changes(None, on_failed) == {"n1", "n9"}
+    assert node_changes(before, before) == frozenset()
+    assert touched_by(state, node_changes(before, on_failed), on_failed)
+    assert not touched_by(state, frozenset({"n2"}), on_failed), "a running pod's node: no class to change"
+    assert not touched_by(state, frozenset(), on_failed)
