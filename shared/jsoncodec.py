@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["dumps", "loads", "pack"]
+__all__ = ["Kept", "dumps", "keep", "kept", "loads", "pack"]
 
 # Every ASCII digit becomes "0" and every other byte a space: a run of 19 zeros in the result is
 # a number orjson may not read exactly (64 bits hold 19 or 20 digits; it reads a wider integer
@@ -62,3 +62,26 @@ def pack(value: Any) -> bytes:
     never shrunk, so a kept object could occupy up to twice its length (8 KB for a 5.9 KB pod);
     a copy of a few microseconds makes it exact."""
     return bytes(memoryview(dumps(value)))
+
+
+# An object as a cache keeps it for long: its compact JSON (:func:`pack`), or the object itself
+# when it cannot be encoded (nested deeper than any encoder goes).
+Kept = bytes | dict[str, Any]
+
+
+def keep(obj: dict[str, Any]) -> Kept:
+    """``obj`` as a cache keeps it: as Python objects a watch event's object takes several times
+    the memory of its JSON, and caches keep thousands of them."""
+    try:
+        return pack(obj)
+    except (TypeError, ValueError, RecursionError):
+        return obj
+
+
+def kept(value: Kept) -> dict[str, Any]:
+    """The object :func:`keep` kept, an object of the caller's own (decoded afresh; a kept
+    object is copied at its top level)."""
+    if isinstance(value, bytes):
+        decoded: dict[str, Any] = loads(value)
+        return decoded
+    return dict(value)

@@ -74,21 +74,9 @@ def slim(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # An AppWrapper as kept: its JSON, or the object itself when it cannot be encoded.
-Kept = bytes | dict[str, Any]
-
-
-def _pack(aw: dict[str, Any]) -> Kept:
-    try:
-        return jsoncodec.pack(aw)
-    except (RecursionError, TypeError, ValueError):
-        return aw
-
-
-def _unpack(kept: Kept) -> dict[str, Any]:
-    if isinstance(kept, bytes):
-        loaded: dict[str, Any] = jsoncodec.loads(kept)
-        return loaded
-    return dict(kept)
+Kept = jsoncodec.Kept
+_pack = jsoncodec.keep
+_unpack = jsoncodec.kept
 
 
 class AppWrapperCache(WatchedCache[Kept]):

@@ -364,22 +364,16 @@ class Kept:
 
     subject: str
     partition: int
-    data: bytes | dict[str, Any]
+    data: jsoncodec.Kept
     version: int
     deleted: bool = False
 
     @staticmethod
-    def pack(obj: dict[str, Any]) -> bytes | dict[str, Any]:
-        try:
-            return jsoncodec.pack(obj)
-        except (ValueError, TypeError, RecursionError):  # too deep to encode: kept as it is
-            return obj
+    def pack(obj: dict[str, Any]) -> jsoncodec.Kept:
+        return jsoncodec.keep(obj)
 
     def obj(self) -> dict[str, Any]:
-        if isinstance(self.data, dict):
-            return self.data
-        decoded: dict[str, Any] = jsoncodec.loads(self.data)
-        return decoded
+        return jsoncodec.kept(self.data)
 
 
 class Watcher:

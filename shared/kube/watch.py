@@ -57,27 +57,13 @@ def _slim(obj: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# One object as the watch remembers it: its slim form as compact JSON, decoded only for the
-# tombstone a re-list announces. As Python objects (the labels and owner references are a few
-# dozen small dicts and strings) it took 2-4 KB per object, in every service and for every
+# One object as the watch remembers it (its slim form) until a re-list may announce its deletion:
+# kept as compact JSON (jsoncodec.keep). As Python objects (the labels and owner references are
+# a few dozen small dicts and strings) it took 2-4 KB per object, in every service and for every
 # object of every watch: some 60 MB per service at 10,000 AppWrappers; as JSON a few hundred
-# bytes. One that cannot be encoded is kept as it is.
-Remembered = bytes | dict[str, Any]
-
-
-def _remember(obj: dict[str, Any]) -> Remembered:
-    slim = _slim(obj)
-    try:
-        return jsoncodec.pack(slim)
-    except (TypeError, ValueError, RecursionError):
-        return slim
-
-
-def _recall(kept: Remembered) -> dict[str, Any]:
-    if isinstance(kept, bytes):
-        decoded: dict[str, Any] = jsoncodec.loads(kept)
-        return decoded
-    return kept
+# bytes.
+def _remember(obj: dict[str, Any]) -> jsoncodec.Kept:
+    return jsoncodec.keep(_slim(obj))
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str]:
@@ -128,7 +114,7 @@ async def list_then_watch(
     iteration by raising it instead of retrying: e.g. a 403, which no retry changes (RBAC that
     grants list but not watch would otherwise leave the caller holding a list that never
     changes)."""
-    known: dict[tuple[str, str], Remembered] = {}
+    known: dict[tuple[str, str], jsoncodec.Kept] = {}
     backoff = Backoff()
     resource_version = ""
     need_list = True
@@ -136,7 +122,7 @@ async def list_then_watch(
         try:
             if need_list:
                 # Page by page: a re-list of thousands of pods never sits in memory whole.
-                current: dict[tuple[str, str], Remembered] = {}
+                current: dict[tuple[str, str], jsoncodec.Kept] = {}
                 resource_version = ""
                 async for page, page_version in list_pages(kube, ref, namespace, label_selector, page_size):
                     resource_version = page_version  # the list's snapshot; the watch resumes from it
@@ -145,7 +131,7 @@ async def list_then_watch(
                         yield WatchEvent("MODIFIED" if _key(obj) in known else "ADDED", obj)
                 for key, old in list(known.items()):
                     if key not in current:
-                        yield WatchEvent("DELETED", _recall(old))
+                        yield WatchEvent("DELETED", jsoncodec.kept(old))
                 known = current
                 need_list = False
                 yield WatchEvent("SYNCED", {"metadata": {"resourceVersion": resource_version}})

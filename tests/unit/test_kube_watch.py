@@ -8,8 +8,9 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from shared import jsoncodec
 from shared.kube import ResourceRef
-from shared.kube.watch import WatchEvent, _recall, _remember, list_then_watch
+from shared.kube.watch import WatchEvent, _remember, list_then_watch
 
 PODS = ResourceRef(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
 
@@ -94,7 +95,7 @@ def test_an_object_is_remembered_as_compact_json_and_recalled_whole() -> None:
     kept = _remember(obj)
     assert isinstance(kept, bytes)
     assert len(kept) < 400  # the slim form only: no spec, status or managed fields
-    assert _recall(kept)["metadata"]["ownerReferences"] == obj["metadata"]["ownerReferences"]
+    assert jsoncodec.kept(kept)["metadata"]["ownerReferences"] == obj["metadata"]["ownerReferences"]
 
 
 def test_an_object_too_deep_to_encode_is_remembered_as_it_is() -> None:
@@ -105,4 +106,4 @@ def test_an_object_too_deep_to_encode_is_remembered_as_it_is() -> None:
     obj["metadata"]["labels"] = deep
     kept = _remember(obj)
     assert isinstance(kept, dict)
-    assert _recall(kept)["metadata"]["name"] == "a-0"
+    assert jsoncodec.kept(kept)["metadata"]["name"] == "a-0"
