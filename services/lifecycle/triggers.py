@@ -40,8 +40,9 @@ class LatestVerdicts:
     a verdict about a new incarnation (another uid) always replaces the old incarnation's.
 
     Each is kept as its JSON (with its uid and sequence, which the comparison needs) and read
-    back when a reconcile asks: as a model, a verdict with its pods and conditions is some
-    3 KB of small objects, 30 MB at 10,000 AppWrappers; as JSON under a third of that.
+    back when a reconcile asks: as a model, a verdict with every field set takes about 2 KB of
+    small objects, as JSON about 0.6 KB (measured with tracemalloc), and one is kept per
+    AppWrapper.
     """
 
     def __init__(self) -> None:
