@@ -86,9 +86,16 @@ def recovered(span: Span) -> bool:
 
 
 def complete(trace: list[Span]) -> bool:
+    """Every step is in the trace, and every span's parent is too. Three processes export their
+    spans each on its own schedule (a batch every 100 ms, later on a loaded machine), so a child
+    can be in the file before its parent from another process: the trace is complete only once
+    the parents are there. A parent that never comes makes the wait run out."""
     names = {s["name"] for s in trace}
-    return {"health.verdict", "lifecycle.delete_component", "lifecycle.create_component"} <= names and any(
-        recovered(s) for s in trace
+    span_ids = {s["context"]["span_id"] for s in trace}
+    return (
+        {"health.verdict", "lifecycle.delete_component", "lifecycle.create_component"} <= names
+        and any(recovered(s) for s in trace)
+        and all(s["parent_id"] in span_ids for s in trace if s["parent_id"] is not None)
     )
 
 
