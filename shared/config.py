@@ -292,6 +292,11 @@ class NodeQuarantineConfig(_Section):
         return value
 
 
+# The longest lifecycle.record_delay: well inside the duplicate window of the lifecycle stream
+# (120 s), within which a re-sent announcement is dropped by its id.
+RECORD_DELAY_LIMIT = timedelta(seconds=60)
+
+
 class LifecycleConfig(_Section):
     """How the lifecycle service spreads its work (per replica)."""
 
@@ -306,12 +311,25 @@ class LifecycleConfig(_Section):
     # How often every AppWrapper with work or a clock pending is reconciled anyway (covers
     # timers lost with a replica that died).
     resync_period: Duration = timedelta(seconds=30)
+    # How long the record of delivered announcements (the respawn.dev/announced annotation) may
+    # wait before it is written, so that one patch records a burst of transitions and none is
+    # written for an AppWrapper that goes away first (services/lifecycle/records.py). A process
+    # killed meanwhile leaves its announcements to be re-sent by id, which JetStream drops only
+    # within its duplicate window (120 s): hence the bound. 0 writes each at once.
+    record_delay: Duration = timedelta(seconds=5)
 
     @field_validator("resync_period")
     @classmethod
     def _positive_resync(cls, value: timedelta) -> timedelta:
         if value <= timedelta(0):
             raise ValueError("must be positive")
+        return value
+
+    @field_validator("record_delay")
+    @classmethod
+    def _bounded_record_delay(cls, value: timedelta) -> timedelta:
+        if value < timedelta(0) or value > RECORD_DELAY_LIMIT:
+            raise ValueError(f"must be between 0s and {RECORD_DELAY_LIMIT.total_seconds():.0f}s")
         return value
 
 

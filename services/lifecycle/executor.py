@@ -446,6 +446,31 @@ class Executor:
             return False
         return True
 
+    async def record_incarnation(
+        self, ref: Mapping[str, Any], annotations: Mapping[str, str | None]
+    ) -> bool | None:
+        """:meth:`record` for a record written later (:mod:`services.lifecycle.records`), on the
+        incarnation ``ref`` names (name, namespace, uid): True when written, False when it failed
+        (worth another try), None when that incarnation is gone (deleted, or replaced by one of
+        the same name: the uid in the patch makes the API server refuse it)."""
+        patch: dict[str, Any] = {"metadata": {"annotations": dict(annotations)}}
+        if ref.get("uid"):
+            patch["metadata"]["uid"] = ref["uid"]
+        try:
+            await self.kube.patch(self.appwrappers, ref["name"], patch, ref.get("namespace"))
+        except KubeApiError as exc:
+            if exc.not_found or exc.conflict or exc.invalid:
+                return None
+            log.warning(
+                "recording %s on %s/%s failed (tried again): %s",
+                ", ".join(sorted(annotations)),
+                ref.get("namespace"),
+                ref["name"],
+                exc,
+            )
+            return False
+        return True
+
     async def sync_clock(self) -> None:
         """Sample the server's clock with a dry-run create (the server sets the creationTimestamp
         of an object it would create; nothing is stored)."""

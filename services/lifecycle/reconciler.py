@@ -31,6 +31,7 @@ from services.lifecycle.failures import Failures
 from services.lifecycle.incidents import KEEP, Incidents
 from services.lifecycle.machine import FinalizerChange, reconcile
 from services.lifecycle.reader import Reader
+from services.lifecycle.records import DeferredRecords
 from services.lifecycle.templating import PodTemplateHook
 from services.lifecycle.verdicts import VerdictUse
 from services.lifecycle.workqueue import Key, WorkQueue
@@ -108,11 +109,14 @@ class Reconciler:
         clock: Callable[[], datetime] = utcnow,
         failures: Failures | None = None,
         transient_limit: int = 10,
+        records: DeferredRecords | None = None,
     ) -> None:
         """``defaults``: the operator's fault-tolerance parameters (an AppWrapper's annotations
         override them); ``transient_limit``: the operator's transient retry limit (the same);
         ``on_gone`` is told of AppWrappers found deleted; ``clock`` is the
-        server's time (see :class:`~services.lifecycle.serverclock.ServerClock`)."""
+        server's time (see :class:`~services.lifecycle.serverclock.ServerClock`); ``records``:
+        where an announced record alone waits to be written (None: each is written at the end of
+        its reconcile; see :mod:`services.lifecycle.records`)."""
         self.reader = reader
         self.executor = executor
         self.queue = queue
@@ -124,7 +128,13 @@ class Reconciler:
         self.on_gone = on_gone
         self.clock = clock
         self.failures = failures if failures is not None else Failures(executor.announce_one)
+        self.records = records
         self.locks: dict[Key, asyncio.Lock] = {}
+
+    def lock(self, key: Key) -> asyncio.Lock:
+        """``key``'s lock: one reconcile of an AppWrapper at a time, and no record written in the
+        middle of one (:mod:`services.lifecycle.records`)."""
+        return self.locks.setdefault(key, asyncio.Lock())
 
     async def reconcile_key(self, key: Key, verdict: Verdict | None, *, urgent: bool = False) -> VerdictUse:
         """Reconcile ``key`` with ``verdict`` (the latest for it, if any) until the plan settles.
@@ -135,8 +145,7 @@ class Reconciler:
         with the AppWrapper's identity and, when it is about the object, told to its owner (see
         :mod:`services.lifecycle.failures`); ``failures.backoff(key)`` says when to retry.
         """
-        lock = self.locks.setdefault(key, asyncio.Lock())
-        async with lock:
+        async with self.lock(key):
             # An arriving Unhealthy verdict (``urgent``) is handled inside its incident's trace
             # (the bus continues the producer's context). Later passes of the same reset
             # (deletion stages, recreation, Running again) are triggered by observations and
@@ -179,11 +188,16 @@ class Reconciler:
                 raise TransientError(f"reading AppWrapper {key[0]}/{key[1]}: {exc}") from exc
             if aw is None:
                 self.on_gone(key)
+                if self.records is not None:
+                    self.records.forget(key)
                 self.reader.forget(key)
                 self.failures.forget(key)
                 RECONCILES.labels(outcome="gone").inc()
                 return VerdictUse.SETTLED
             state.aw = aw
+            if state.sent is None and self.records is not None:
+                # A record this process owes, not yet written: as good as written for its passes.
+                state.sent = self.records.marker(key, str(_mapping(aw.get("metadata")).get("uid", "")))
             # Read by a GET (the cache could not answer before the span began): a reset under
             # way is still remembered, so that its annotation is kept and later passes rejoin it.
             self.incidents.adopt(key, aw)
@@ -312,8 +326,12 @@ class Reconciler:
     async def _record(self, key: Key, state: _Announced) -> None:
         """Record what this reconcile owes the AppWrapper's annotations, in one patch, only when
         they say otherwise: the transition whose announcements were all delivered, and the
-        incident's trace (set when a reset began, removed when it ended)."""
+        incident's trace (set when a reset began, removed when it ended). The announced record
+        alone waits in ``records`` when there is one (one patch for a burst of transitions, none
+        for an AppWrapper that goes away first)."""
         if state.aw is None or state.vanishing:
+            if self.records is not None:
+                self.records.forget(key)
             return
         annotations: dict[str, str | None] = {}
         if (
@@ -326,6 +344,14 @@ class Reconciler:
         incident = self.incidents.annotation(key, state.aw)
         if incident is not KEEP:
             annotations[INCIDENT_TRACE_ANNOTATION] = incident if isinstance(incident, str) else None
+        if self.records is not None:
+            marker = annotations.get(ANNOUNCED_ANNOTATION)
+            if list(annotations) == [ANNOUNCED_ANNOTATION] and marker is not None:
+                self.records.owe(key, state.aw, marker)
+                return
+            if annotations:
+                # This patch goes now, with the newest record if any: one still owed is older.
+                self.records.taken(key)
         if annotations:
             await self.executor.record(state.aw, annotations)
 

@@ -44,6 +44,7 @@ from services.lifecycle.podcache import PodCache
 from services.lifecycle.quarantined import QuarantinedNodes
 from services.lifecycle.reader import Reader
 from services.lifecycle.reconciler import Reconciler
+from services.lifecycle.records import DeferredRecords
 from services.lifecycle.resync import Resync
 from services.lifecycle.serverclock import ServerClock
 from services.lifecycle.shares import Shares
@@ -140,6 +141,16 @@ class Lifecycle:
             components=self.components,
         )
         self.executor = Executor(writes, rt.bus, appwrappers=appwrappers, pods=pods, clock=self.clock)
+        delay = settings.record_delay.total_seconds()
+        # Each record is written under its AppWrapper's reconcile lock (the lambda: the
+        # reconciler is made next, with the records).
+        self.records = (
+            DeferredRecords(
+                self.executor.record_incarnation, delay=delay, lock=lambda key: self.reconciler.lock(key)
+            )
+            if delay > 0
+            else None
+        )
         self.reconciler = Reconciler(
             reader=Reader(
                 kube,
@@ -160,6 +171,7 @@ class Lifecycle:
             transient_limit=config.failures.transient_retry_limit,
             on_gone=self.latest.forget,
             clock=self.clock.now,
+            records=self.records,
         )
         self.triggers = Triggers(
             queue=self.queue, latest=self.latest, reconcile=self.reconciler.reconcile_key
@@ -257,6 +269,8 @@ class Lifecycle:
         loops["lifecycle-appwrapper-cache"] = lambda: self.appwrapper_cache.run(self.kube, self.appwrappers)
         loops["lifecycle-pod-cache"] = lambda: self.pod_cache.run(self.kube, self.pods)
         loops["lifecycle-quarantine"] = lambda: self.quarantined.run(self.rt.bus)
+        if self.records is not None:
+            loops["lifecycle-records"] = self.records.run
         if self.node_cache is not None and self.nodes is not None:
             node_cache, nodes = self.node_cache, self.nodes
             loops["lifecycle-node-cache"] = lambda: node_cache.run(self.kube, nodes)

@@ -67,6 +67,7 @@ def test_other_defaults() -> None:
     assert config.metrics_port is None  # /metrics on the probe port
     assert (config.lifecycle.workers, config.lifecycle.verdict_concurrency) == (8, 32)
     assert config.lifecycle.resync_period == timedelta(seconds=30)
+    assert config.lifecycle.record_delay == timedelta(seconds=5)
     assert config.watcher.discard_check_period == timedelta(seconds=10)
 
 
@@ -76,8 +77,10 @@ def test_lifecycle_settings_from_the_environment() -> None:
             "RESPAWN_LIFECYCLE_VERDICT_CONCURRENCY": "4",
             "RESPAWN_LIFECYCLE_WORKERS": "2",
             "RESPAWN_LIFECYCLE_RESYNC_PERIOD": "300ms",
+            "RESPAWN_LIFECYCLE_RECORD_DELAY": "0s",
         }
     )
+    assert config.lifecycle.record_delay == timedelta(0)
     assert config.lifecycle.verdict_concurrency == 4
     assert config.lifecycle.workers == 2
     assert config.lifecycle.resync_period == timedelta(milliseconds=300)
@@ -88,6 +91,9 @@ def test_lifecycle_settings_from_the_environment() -> None:
     [
         ("RESPAWN_LIFECYCLE_RESYNC_PERIOD", "0s", "lifecycle.resyncPeriod: must be positive"),
         ("RESPAWN_LIFECYCLE_VERDICT_CONCURRENCY", "0", "lifecycle.verdictConcurrency"),
+        # Beyond the lifecycle stream's duplicate window, a re-sent announcement would be a copy.
+        ("RESPAWN_LIFECYCLE_RECORD_DELAY", "90s", r"lifecycle.recordDelay: must be between 0s and 60s"),
+        ("RESPAWN_LIFECYCLE_RECORD_DELAY", "-1s", "lifecycle.recordDelay"),
         ("RESPAWN_LIFECYCLE_WORKERS", "many", "lifecycle.workers"),
     ],
 )
@@ -256,7 +262,7 @@ def test_every_leaf_key_has_an_environment_variable() -> None:
     assert names["RESPAWN_HEALTH_RESTART_STORM_WINDOW"] == "health.restartStormWindow"
     assert names["RESPAWN_HEALTH_CRASH_LOOP_BACK_OFF"] == "health.crashLoopBackOff"
     assert names["RESPAWN_NODE_QUARANTINE_MAX_SHARE"] == "nodeQuarantine.maxShare"
-    assert len([n for n in names if not n.startswith("RESPAWN_NATS_")]) == 49
+    assert len([n for n in names if not n.startswith("RESPAWN_NATS_")]) == 50
     assert names["RESPAWN_NATS_PUBLIC_ENCODING"] == "nats.publicEncoding"
     assert len([n for n in names if n.startswith("RESPAWN_NATS_")]) == 28
     assert len(set(names.values())) == len(names)
