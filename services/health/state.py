@@ -42,7 +42,6 @@ __all__ = [
     "Observation",
     "PodRecord",
     "Storm",
-    "affected_by",
     "apply",
     "failure_facts",
     "gone",
@@ -485,11 +484,6 @@ def touched_by(state: AppWrapperHealth, changed: frozenset[str], current: NodeVe
     if current.resource == NODE_STATE_RESOURCE:
         return any(pod.facts is not None and pod.node_name in changed for pod in state.pods.values())
     return any(pod.node_name in changed and current.resource in pod.resources for pod in state.pods.values())
-
-
-def affected_by(state: AppWrapperHealth, previous: NodeVerdict | None, current: NodeVerdict) -> bool:
-    """Whether a new node verdict can change this AppWrapper's health (:func:`touched_by`)."""
-    return touched_by(state, node_changes(previous, current), current)
 
 
 def with_node_verdicts(state: AppWrapperHealth, verdicts: Mapping[str, NodeVerdict]) -> AppWrapperHealth:

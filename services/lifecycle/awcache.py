@@ -73,13 +73,7 @@ def slim(obj: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-# An AppWrapper as kept: its JSON, or the object itself when it cannot be encoded.
-Kept = jsoncodec.Kept
-_pack = jsoncodec.keep
-_unpack = jsoncodec.kept
-
-
-class AppWrapperCache(WatchedCache[Kept]):
+class AppWrapperCache(WatchedCache[jsoncodec.Kept]):
     """AppWrappers by (namespace, name)."""
 
     what = "appwrapper"
@@ -101,18 +95,18 @@ class AppWrapperCache(WatchedCache[Kept]):
     def appwrapper_of(self, obj: Mapping[str, Any]) -> Key:
         return object_key(obj)
 
-    def value_of(self, obj: Mapping[str, Any]) -> Kept:
-        return _pack(slim(obj))
+    def value_of(self, obj: Mapping[str, Any]) -> jsoncodec.Kept:
+        return jsoncodec.keep(slim(obj))
 
-    def changed(self, before: Entry[Kept], after: Entry[Kept]) -> bool:
+    def changed(self, before: Entry[jsoncodec.Kept], after: Entry[jsoncodec.Kept]) -> bool:
         # Any new version is a change (what an AppWrapper holds is compared by its version, never
         # field by field: a template may nest deeper than a recursive comparison survives).
         return before.version != after.version or before.uid != after.uid
 
-    def _stored(self, key: Key, entry: Entry[Kept]) -> None:
+    def _stored(self, key: Key, entry: Entry[jsoncodec.Kept]) -> None:
         self._tombstones.pop(key, None)
 
-    def _removed(self, key: Key, entry: Entry[Kept], *, deleted: bool) -> None:
+    def _removed(self, key: Key, entry: Entry[jsoncodec.Kept], *, deleted: bool) -> None:
         self._written.pop(key, None)
         if deleted:
             self._tombstones[key] = entry.uid
@@ -130,7 +124,7 @@ class AppWrapperCache(WatchedCache[Kept]):
         given), or unknown."""
         entry = self._entries.get(key)
         if entry is not None:
-            return Lookup(True, _unpack(entry.value))
+            return Lookup(True, jsoncodec.kept(entry.value))
         if not self.answers(key):
             return UNKNOWN
         gone = self._tombstones.get(key)
@@ -144,7 +138,7 @@ class AppWrapperCache(WatchedCache[Kept]):
         entry = self._entries.get(key)
         if entry is None or (isinstance(entry.value, bytes) and text.encode() not in entry.value):
             return None
-        return _unpack(entry.value)
+        return jsoncodec.kept(entry.value)
 
     def offer(self, obj: Mapping[str, Any]) -> None:
         """An AppWrapper read by a GET: taken if newer than what is held, no reconcile triggered
@@ -178,4 +172,4 @@ class AppWrapperCache(WatchedCache[Kept]):
         """Every AppWrapper held (for the resync), decoded one at a time (10,000 decoded at once
         would set the process's peak memory every resync period)."""
         for entry in self.entries():
-            yield _unpack(entry.value)
+            yield jsoncodec.kept(entry.value)

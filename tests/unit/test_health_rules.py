@@ -21,11 +21,12 @@ from services.health.state import (
     AppWrapperHealth,
     FailureSettings,
     Observation,
-    affected_by,
     apply,
     failure_facts,
     gone,
+    node_changes,
     remember_published,
+    touched_by,
 )
 from shared.appwrapper.constants import CONTROLLER_NAME
 from shared.appwrapper.params import (
@@ -882,7 +883,7 @@ def test_a_node_verdict_affects_only_appwrappers_with_pods_on_nodes_whose_state_
     previous = None if before is None else node_verdict(before, decided_at=T0)
     current = node_verdict(after, decided_at=T0 + MIN)
     state = fold([aw_obs(), *pods, *([previous] if previous else [])])
-    assert affected_by(state, previous, current) is affected
+    assert touched_by(state, node_changes(previous, current), current) is affected
     if not affected:
         # The claim behind skipping them: judging them again would reach the same verdict
         # (for one already unhealthy there, only the time of the newer node decision differs).

@@ -22,7 +22,6 @@ from services.autopilot.nodestate import (
 from services.health.rules import evaluate
 from services.health.state import (
     AppWrapperHealth,
-    affected_by,
     apply,
     node_changes,
     node_state_of,
@@ -203,10 +202,10 @@ def test_a_node_state_verdict_affects_only_appwrappers_with_a_failed_pod_on_a_no
     before = lost_verdict(LostNode(node="n9", state="NotReady", since=T0))
     on_failed = lost_verdict(*before.lost_nodes, LostNode(node="n1", state="Deleted", since=T0))
     on_running = lost_verdict(*before.lost_nodes, LostNode(node="n2", state="Deleted", since=T0))
-    assert affected_by(state, before, on_failed)
-    assert affected_by(state, None, on_failed)
-    assert not affected_by(state, before, on_running)
-    assert not affected_by(state, before, before)
+    assert touched_by(state, node_changes(before, on_failed), on_failed)
+    assert touched_by(state, node_changes(None, on_failed), on_failed)
+    assert not touched_by(state, node_changes(before, on_running), on_running)
+    assert not touched_by(state, node_changes(before, before), before)
 
 
 # ------------------------------------------------------------------ the classification
