@@ -23,7 +23,9 @@ from bench.samples import Mark, Snapshot, Window
 from bench.tracker import Fault
 from respawn.testbed.services import service_of
 
-MEASURES = ("detection", "verdict", "reaction", "recovery")
+# Measures only Respawn has (its streams); a controller without them shows no row for them.
+RESPAWN_ONLY = ("verdict", "decided", "announced")
+MEASURES = ("detection", "verdict", "decided", "announced", "reaction", "recovery")
 # The phases of a run, in order; each ends where the next begins.
 PHASES = ("setup", "catch_up", "idle", "faults", "baseline", "cleanup")
 PHASE_LABELS = {
@@ -76,7 +78,16 @@ def fault_record(f: Fault) -> dict[str, Any]:
     """One fault as the JSON's "records" hold it: its times as seconds after the fault."""
     keep = ("id", "kind", "aw", "node", "pod", "exit_code", "counted", "timed", "reason")
     out: dict[str, Any] = {k: getattr(f, k) for k in keep}
-    for name in ("t_verdict", "t_unhealthy", "t_delete", "t_recovered", "t_done", "deadline"):
+    for name in (
+        "t_verdict",
+        "t_decided",
+        "t_announced",
+        "t_unhealthy",
+        "t_delete",
+        "t_recovered",
+        "t_done",
+        "deadline",
+    ):
         value = getattr(f, name)
         out[name.removeprefix("t_") + "_after_s"] = None if value is None else round(value - f.t0, 4)
     return out
@@ -102,6 +113,10 @@ def latencies(faults: Sequence[Fault], cfg: BenchConfig) -> dict[str, dict[str, 
             add("detection", f.kind, f.t_unhealthy - start)
         if f.t_verdict is not None:
             add("verdict", f.kind, f.t_verdict - start)
+        if f.t_decided is not None:
+            add("decided", f.kind, f.t_decided - start)
+        if f.t_announced is not None:
+            add("announced", f.kind, f.t_announced - start)
         if f.t_unhealthy is not None and f.t_delete is not None:
             add("reaction", f.kind, f.t_delete - f.t_unhealthy)
         if f.t_recovered is not None:
@@ -267,7 +282,7 @@ def figures(result: Mapping[str, Any]) -> list[tuple[str, float | None, str]]:
             samples = lat.get(measure, {}).get(kind, [])
             if measure == "recovery" and kind == "stuck-init":
                 continue
-            if not samples and measure == "verdict":
+            if not samples and measure in RESPAWN_ONLY:
                 continue
             if not samples and kind != "all":
                 continue

@@ -22,7 +22,7 @@ from shared import subjects
 from shared.appwrapper.constants import APPWRAPPER_LABEL
 from shared.kube.watch import list_then_watch
 from shared.kubetime import parse_kube_time
-from shared.messages import Verdict, decode
+from shared.messages import LifecycleEvent, Verdict, decode
 
 # How long the watches may take to list what exists before the run gives up.
 SYNC_TIMEOUT = 60.0
@@ -47,11 +47,19 @@ class Fault:
     old_components: frozenset[str] = frozenset()
     deadline: float | None = None  # stuck-init: when the warmup grace ran out (API timestamps)
     t_verdict: float | None = None
+    # Respawn: its lifecycle's announcement of the reset (Resetting or Failed) on its stream, and
+    # the time that announcement gives for the decision (before the status write).
+    t_announced: float | None = None
+    t_decided: float | None = None
     t_unhealthy: float | None = None
     reason: str = ""
     t_delete: float | None = None
     t_recovered: float | None = None
     t_done: float | None = None
+
+
+# The phases whose announcement is the reset's (or the failure's) decision being written.
+ANNOUNCED_PHASES = ("Resetting", "Failed")
 
 
 @dataclass
@@ -293,6 +301,20 @@ class Tracker:
             if f.t_verdict is None and now >= f.t0:
                 f.t_verdict = now
 
+    def on_lifecycle(self, event: LifecycleEvent, now: float) -> None:
+        """Lifecycle entered a phase: a reset (or a failure) is the announcement of what the
+        watch later shows as Unhealthy, arriving without the watch's delivery."""
+        if event.event != "PhaseChanged" or event.phase not in ANNOUNCED_PHASES:
+            return
+        rec = self.aws.get(event.ref.name)
+        if rec is None:
+            return
+        decided = event.at.timestamp()
+        for f in rec.active():
+            if f.t_announced is None and now >= f.t0:
+                f.t_announced = now
+                f.t_decided = decided
+
     # -------------------------------------------------------------- faults
 
     def add_fault(
@@ -364,7 +386,15 @@ async def watch(session: Session, tracker: Tracker) -> list[asyncio.Task[None]]:
 
 
 async def subscribe_verdicts(nc: Any, namespace: str, tracker: Tracker) -> None:
-    """Feed Respawn's verdicts for the namespace to the tracker (upstream publishes none)."""
+    """Feed Respawn's verdicts and lifecycle announcements for the namespace to the tracker
+    (upstream publishes neither)."""
+
+    async def on_lifecycle(msg: Any) -> None:
+        now = time.time()
+        with contextlib.suppress(Exception):  # not an announcement this benchmark can read
+            tracker.on_lifecycle(decode(LifecycleEvent, msg.data, msg.headers), now)
+
+    await nc.subscribe(subjects.lifecycle_filter(namespace), cb=on_lifecycle)
 
     async def on_verdict(msg: Any) -> None:
         now = time.time()

@@ -138,8 +138,11 @@ def lifecycle_event(namespace: str, appwrapper: str) -> str:
     return f"{LIFECYCLE_PREFIX}.{token(namespace)}.{token(appwrapper)}"
 
 
-def lifecycle_filter() -> str:
-    return f"{LIFECYCLE_PREFIX}.>"
+def lifecycle_filter(namespace: str | None = None) -> str:
+    """Every lifecycle event, or a namespace's."""
+    if namespace is None:
+        return f"{LIFECYCLE_PREFIX}.>"
+    return f"{LIFECYCLE_PREFIX}.{token(namespace)}.*"
 
 
 def dead_letter(service: str) -> str:

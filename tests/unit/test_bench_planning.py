@@ -358,7 +358,16 @@ def fault(kind: str, t0: float, **fields: Any) -> Fault:
 def test_latencies_per_measure_and_kind() -> None:
     config = cfg(failure_grace="1.5s", retry_pause="500ms")
     faults = [
-        fault("pod-failure", 100.0, t_verdict=100.01, t_unhealthy=100.2, t_delete=100.5, t_recovered=105.0),
+        fault(
+            "pod-failure",
+            100.0,
+            t_verdict=100.01,
+            t_decided=100.02,
+            t_announced=100.05,
+            t_unhealthy=100.2,
+            t_delete=100.5,
+            t_recovered=105.0,
+        ),
         fault("evict", 200.0, t_unhealthy=200.4, t_recovered=203.0),
         fault("stuck-init", 300.0, deadline=310.0, t_unhealthy=310.1, t_delete=310.3),
         # Stuck-init without a known deadline: no starting point, no samples at all.
@@ -369,10 +378,13 @@ def test_latencies_per_measure_and_kind() -> None:
         fault("pod-failure", 500.0, timed=False, t_verdict=500.1, t_unhealthy=500.2, t_recovered=509.0),
     ]
     lat = latencies(faults, config)
-    assert set(lat) == {"detection", "verdict", "reaction", "recovery"}
+    assert set(lat) == {"detection", "verdict", "decided", "announced", "reaction", "recovery"}
     assert lat["detection"]["all"] == pytest.approx([0.2, 0.4, 0.1])
     assert lat["detection"]["stuck-init"] == pytest.approx([0.1]), "from the warmup deadline"
     assert lat["verdict"] == {"pod-failure": pytest.approx([0.01]), "all": pytest.approx([0.01])}
+    # Lifecycle's own times, from its stream: the decision, and the announcement's arrival.
+    assert lat["decided"] == {"pod-failure": pytest.approx([0.02]), "all": pytest.approx([0.02])}
+    assert lat["announced"] == {"pod-failure": pytest.approx([0.05]), "all": pytest.approx([0.05])}
     assert lat["reaction"]["all"] == pytest.approx([0.3, 0.2])
     assert "evict" not in lat["reaction"]
     # Pod failure: 5 s - 0.5 s pause - 1.5 s failure grace; eviction: 3 s - 0.5 s pause only.
@@ -384,7 +396,14 @@ def test_latencies_per_measure_and_kind() -> None:
 
 
 def test_latencies_of_no_faults_are_empty_measures() -> None:
-    assert latencies([], cfg()) == {"detection": {}, "verdict": {}, "reaction": {}, "recovery": {}}
+    assert latencies([], cfg()) == {
+        "detection": {},
+        "verdict": {},
+        "decided": {},
+        "announced": {},
+        "reaction": {},
+        "recovery": {},
+    }
 
 
 # ------------------------------------------------------------------ cost
@@ -562,6 +581,8 @@ def test_figures_rows_follow_the_samples_present() -> None:
     assert not any(n.startswith("detection stuck-init") for n in names)
     assert not any(n.startswith("recovery stuck-init") for n in names)
     assert table["verdict all n"] == (1.0, "count")
+    # Measures only Respawn has: no rows without samples (upstream's run).
+    assert not any(n.startswith(("decided", "announced")) for n in names)
     assert table["faults injected"] == (3.0, "count")
     assert table["faults injected evict"] == (1.0, "count")
     assert table["faults injected stuck-init"] == (0.0, "count")
