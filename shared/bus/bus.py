@@ -93,6 +93,7 @@ class Bus:
         self.tracer = trace.get_tracer("respawn.bus", tracer_provider=tracer_provider)
         self._own_provider = tracer_provider is not None
         self._state = state
+        state.on_reconnect.append(self._wake_consumers)
         self._consumers: list[Consumer[Any]] = []
         self._replays: list[Replay[Any]] = []
         self._stream_limits = dict(stream_limits or {})
@@ -199,6 +200,12 @@ class Bus:
     @property
     def consumers(self) -> tuple[Consumer[Any], ...]:
         return tuple(self._consumers)
+
+    def _wake_consumers(self) -> None:
+        # An idle consumer waits for a message for up to IDLE_WAIT: after a reconnect it must
+        # bind again now (the server may have lost its pull request, or its consumer).
+        for consumer in self._consumers:
+            consumer.wake()
 
     def _forget(self, consumer: Consumer[Any]) -> None:
         with contextlib.suppress(ValueError):

@@ -152,6 +152,8 @@ class ConnectionState:
     closing: bool = False
     _disconnected_at: float | None = None
     _denied: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    # Called after every reconnect (the bus wakes its idle consumers so that they bind again).
+    on_reconnect: list[Callable[[], None]] = field(default_factory=list)
 
     async def on_error(self, exc: Exception) -> None:
         text = redact(f"{type(exc).__name__}: {exc}".strip())
@@ -184,6 +186,11 @@ class ConnectionState:
         down = time.monotonic() - self._disconnected_at if self._disconnected_at is not None else 0.0
         self._disconnected_at = None
         log.warning("reconnected to NATS after %.1fs", down)
+        for listener in list(self.on_reconnect):
+            try:
+                listener()
+            except Exception:  # one listener's bug must not keep the others from hearing it
+                log.exception("a reconnect listener failed")
 
     async def on_closed(self) -> None:
         log.info("NATS connection closed")

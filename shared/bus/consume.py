@@ -62,6 +62,13 @@ DeliverPolicy = api.DeliverPolicy
 # How long one pull request lasts (seconds; at least the fetch timeout): an idle consumer asks
 # the server once per this, whatever its fetch timeout (see shared.bus.pull).
 PULL_EXPIRES = 30.0
+# How long an idle loop waits for a message before it looks around again (seconds). Nothing
+# needs it sooner: a message, a reconnect (Bus wakes every consumer) and stop() end the wait at
+# once, and the server ends a request with a status message when the consumer goes. A short wait
+# made every idle consumer wake its process once per fetch timeout for nothing (16 partitions:
+# 16 wake-ups a second in an idle lifecycle). A replay still catching up waits only the fetch
+# timeout, as it asks the server how far it is after every empty fetch.
+IDLE_WAIT = PULL_EXPIRES
 # The pause after a fetch that failed, before the first retry; the retries after it double up to
 # 5 s (shared.bus.backoff).
 FIRST_RETRY_DELAY = 0.1
@@ -105,6 +112,10 @@ class LoopObserver(Protocol):
 
     async def idle(self, consumer: Consumer[Any]) -> None:
         """A fetch returned nothing."""
+
+    def waiting(self) -> bool:
+        """Whether the loop should come back from an empty fetch after the fetch timeout (to
+        call :meth:`idle`) rather than wait for a message."""
 
 
 def consumer_config(
@@ -266,6 +277,12 @@ class Consumer(Generic[M]):
     @property
     def task(self) -> asyncio.Task[None] | None:
         return self._task
+
+    def wake(self) -> None:
+        """End the wait for a message under way, so the loop looks around now (the bus calls it
+        on a reconnect, after which the loop binds again)."""
+        if self._puller is not None:
+            self._puller.interrupt()
 
     async def pending(self) -> tuple[int, int]:
         """What the server holds for this consumer: (not yet delivered, delivered but not acked)."""
@@ -440,8 +457,10 @@ class Consumer(Generic[M]):
             if self._observer is not None:
                 await self._observer.bound(self)
         assert self._puller is not None
+        catching_up = self._observer is not None and self._observer.waiting()
+        within = self._fetch_timeout if catching_up else max(self._fetch_timeout, IDLE_WAIT)
         try:
-            msgs = await self._puller.take(size, self._fetch_timeout)
+            msgs = await self._puller.take(size, within)
         except Exception:
             # A deleted consumer says so on the pull (or nothing answers it): bind, and so
             # create, it again.

@@ -83,6 +83,7 @@ class Puller:
         # What the outstanding request may still deliver; 0: none is outstanding.
         self._remaining = 0
         self._asked_at = 0.0
+        self._interrupted = False
 
     async def start(self) -> None:
         self._inbox = self._nc.new_inbox()
@@ -99,13 +100,22 @@ class Puller:
         self._asked_at = time.monotonic()
         await self._nc.publish(self._next_subject, request_body(batch, self._expires), reply=self._inbox)
 
+    def interrupt(self) -> None:
+        """Make the :meth:`take` under way (or the next one) return at once, with what has
+        arrived: the caller has something to look at (e.g. the connection came back)."""
+        self._interrupted = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     def _lost(self, now: float) -> bool:
         return now - self._asked_at > self._expires + LOST_AFTER
 
     async def take(self, batch: int, within: float) -> list[Any]:
         """Up to ``batch`` messages: what has arrived, or else the first to arrive within
-        ``within`` seconds (none: ``[]``). ``batch`` is also the size of a new request, so a
-        caller that can only take a few at a time is not sent more."""
+        ``within`` seconds (none: ``[]``; also at once after :meth:`interrupt`). ``batch`` is
+        also the size of a new request, so a caller that can only take a few at a time is not
+        sent more."""
         deadline = time.monotonic() + within
         msgs: list[Any] = []
         while True:
@@ -118,7 +128,8 @@ class Puller:
                     msgs.append(msg)
                 elif ends_request(status, headers.get(DESCRIPTION_HEADER, "")):
                     self._remaining = 0
-            if msgs:
+            if msgs or self._interrupted:
+                self._interrupted = False
                 return msgs
             now = time.monotonic()
             if self._remaining == 0 or self._lost(now):

@@ -192,6 +192,9 @@ class Replay(Generic[M]):
     async def idle(self, consumer: Consumer[Any]) -> None:
         await self._ask(consumer)
 
+    def waiting(self) -> bool:
+        return not self._progress.caught_up
+
     async def settled(
         self, consumer: Consumer[Any], stream_seq: int, num_pending: int, outcome: Outcome
     ) -> None:

@@ -37,6 +37,8 @@ from shared.bus import (
     TransientError,
     default_streams,
 )
+from shared.bus.consume import IDLE_WAIT
+from shared.bus.pull import Puller
 from shared.messages import SCHEMA_HEADER, NodeObservation, ObjectRef, Verdict
 from tests.nats_fixtures import dead_letters, read_all
 from tests.waiting import until
@@ -510,6 +512,62 @@ async def test_consumer_keeps_working_across_a_server_restart(own_nats: NatsServ
     await eventually(lambda: handled == [1, 2, 3], within=30, what="the messages after the restart")
     assert b.reconnects >= 1
     await eventually(b.ready, what="readiness after the restart")
+
+
+async def test_an_idle_consumer_binds_again_as_soon_as_the_connection_is_back(
+    own_nats: NatsServer, own_bus: Bus
+) -> None:
+    """An idle loop waits for a message for up to IDLE_WAIT (30 s), not per fetch timeout: the
+    reconnect itself wakes it, so a message published after the server restarted (its pull
+    request lost with it) is handled within seconds, far sooner than that wait."""
+    server, b = own_nats, own_bus
+    subject = subjects.verdict("idle-restart", uid())
+    handled: list[int] = []
+
+    async def handler(msg: Verdict, delivery: Delivery) -> None:
+        handled.append(msg.seq)
+
+    await b.consume(subjects.VERDICTS_STREAM, f"t_{uid()}", subject, Verdict, handler, fetch_timeout=0.2)
+    await b.publish(subject, verdict("a", seq=1), msg_id=None)
+    await eventually(lambda: handled == [1], what="the message before the restart")
+    reconnects = b.reconnects
+    await asyncio.to_thread(server.stop)
+    await asyncio.to_thread(server.start)
+    await eventually(lambda: b.reconnects > reconnects, within=30, what="the reconnect")
+    back = time.monotonic()
+    await b.publish(subject, verdict("a", seq=2), msg_id=None, retry_for=30)
+    await eventually(lambda: handled == [1, 2], within=30, what="the message after the restart")
+    assert time.monotonic() - back < IDLE_WAIT / 3
+
+
+async def test_an_idle_consumer_does_not_wake_per_fetch_timeout(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing to deliver, the loop waits in one fetch (fetch_timeout 0.1 s would have been
+    some 20 fetches in 2 s), and still handles the next message at once."""
+    fetches: list[float] = []
+    take = Puller.take
+
+    async def counted(self: Puller, batch: int, within: float) -> list[object]:
+        fetches.append(within)
+        return await take(self, batch, within)
+
+    monkeypatch.setattr(Puller, "take", counted)
+    subject = subjects.verdict("idle", uid())
+    handled: list[float] = []
+
+    async def handler(msg: Verdict, delivery: Delivery) -> None:
+        handled.append(time.monotonic())
+
+    await bus.consume(subjects.VERDICTS_STREAM, f"t_{uid()}", subject, Verdict, handler, fetch_timeout=0.1)
+    await eventually(lambda: len(fetches) >= 1, what="the first fetch")
+    await asyncio.sleep(2.0)  # the quiet being measured, not a wait for something to happen
+    assert len(fetches) <= 2, fetches
+    assert all(w == IDLE_WAIT for w in fetches)
+    sent = time.monotonic()
+    await bus.publish(subject, verdict("a", seq=1), msg_id=None)
+    await eventually(lambda: len(handled) == 1, what="the message")
+    assert handled[0] - sent < 1.0
 
 
 async def test_trace_context_round_trips_from_producer_to_consumer(nats_url: str) -> None:
