@@ -17,7 +17,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from shared import metrics
+from shared import eventloop, metrics
 from shared.bus import Bus, BusError
 from shared.kube import Kube
 from shared.probes import (
@@ -147,4 +147,10 @@ async def run(name: str, main: Main, *, needs_kube: bool | Callable[[OperatorCon
 
 def entry(name: str, main: Main, *, needs_kube: bool | Callable[[OperatorConfig], bool] = True) -> None:
     """Console-script entry point for a service."""
-    sys.exit(asyncio.run(run(name, main, needs_kube=needs_kube)))
+    try:
+        code = eventloop.run(run(name, main, needs_kube=needs_kube), os.environ)
+    except eventloop.EventLoopError as exc:
+        # Before logging is set up (that happens in the loop): one line on stderr.
+        print(f"{name}: {exc}", file=sys.stderr)
+        code = 2
+    sys.exit(code)
