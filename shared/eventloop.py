@@ -1,8 +1,8 @@
 """Which asyncio event loop a service process runs on.
 
-uvloop (libuv underneath) by default: a service spends much of its CPU in the loop itself —
-waking for sockets and timers, reading the API server's TLS stream, writing to NATS — and uvloop
-does that work in C. In the N = 100 benchmark it cut the services' CPU by about a tenth
+uvloop (libuv underneath) by default: the loop's own work — waking for sockets and timers,
+reading the API server's TLS stream, writing to NATS — is done in C, which in the N = 100
+benchmark shortened lifecycle's reaction tail (p99 about halved) for slightly less CPU
 (bench/README.md). ``RESPAWN_EVENT_LOOP=asyncio`` runs the standard library's loop instead, for
 a platform uvloop does not support or to rule the loop out when chasing a problem.
 """
