@@ -2,14 +2,74 @@
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
+
+# Where Linux says its ephemeral ports are, and what it uses when it cannot be read.
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_DEFAULT_EPHEMERAL = (32768, 60999)
+# The lowest port handed out: below it sit many well-known services' defaults.
+_LOWEST = 10_000
+# Ports handed out by this process, newest last: not handed out again while remembered, as the
+# process they were for may not have bound them yet.
+_handed_out: list[int] = []
+_REMEMBERED = 512
+_ATTEMPTS = 200
+
+
+def ephemeral_range(text: str | None = None) -> tuple[int, int]:
+    """The kernel's ephemeral port range (first, last), from ``text`` (the contents of
+    ``ip_local_port_range``) or that file; the Linux default when neither can be read."""
+    if text is None:
+        try:
+            text = _EPHEMERAL_RANGE.read_text(encoding="ascii")
+        except OSError:
+            return _DEFAULT_EPHEMERAL
+    parts = text.split()
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return _DEFAULT_EPHEMERAL
+    first, last = int(parts[0]), int(parts[1])
+    return (first, last) if 0 < first <= last <= 65535 else _DEFAULT_EPHEMERAL
+
+
+def candidate_range(ephemeral: tuple[int, int]) -> tuple[int, int] | None:
+    """The ports :func:`free_port` picks from: those between :data:`_LOWEST` and the ephemeral
+    range, or above it, whichever is larger; None when neither has a thousand ports."""
+    first, last = ephemeral
+    below = (_LOWEST, first - 1)
+    above = (last + 1, 65535)
+    best = max(below, above, key=lambda r: r[1] - r[0])
+    return best if best[1] - best[0] >= 1000 else None
 
 
 def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1 (the OS picks it)."""
+    """A currently free TCP port on 127.0.0.1, outside the kernel's ephemeral range.
+
+    The caller binds it later, often in another process. A port the OS picks (bind to 0) comes
+    from the ephemeral range, from which every outgoing connection also takes its local port:
+    one made meanwhile (by the control plane's own clients, say) can take it, and the process
+    it was for then fails with "address already in use". Outside that range only another
+    listener can take it. Falls back to the OS's pick when the range leaves no room outside.
+    """
+    span = candidate_range(ephemeral_range())
+    if span is not None:
+        for _ in range(_ATTEMPTS):
+            port = random.randint(*span)
+            if port in _handed_out or port_in_use(port):
+                continue
+            _remember(port)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        port = int(s.getsockname()[1])
+    _remember(port)
+    return port
+
+
+def _remember(port: int) -> None:
+    _handed_out.append(port)
+    del _handed_out[:-_REMEMBERED]
 
 
 def port_in_use(port: int) -> bool:

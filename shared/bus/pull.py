@@ -91,9 +91,7 @@ class Puller:
 
     async def _arrived(self, msg: Any) -> None:
         self._queue.append(msg)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        _wake(self._waiter)
 
     async def _ask(self, batch: int) -> None:
         self._remaining = batch
@@ -104,9 +102,7 @@ class Puller:
         """Make the :meth:`take` under way (or the next one) return at once, with what has
         arrived: the caller has something to look at (e.g. the connection came back)."""
         self._interrupted = True
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        _wake(self._waiter)
 
     def _lost(self, now: float) -> bool:
         return now - self._asked_at > self._expires + LOST_AFTER
@@ -176,6 +172,6 @@ class Puller:
         return left
 
 
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
         waiter.set_result(None)
