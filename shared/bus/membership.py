@@ -25,9 +25,9 @@ import re
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
-import nats.errors
 import nats.js.errors
 from nats.js import api
 
@@ -40,6 +40,9 @@ __all__ = ["MEMBERS_BUCKET", "Membership", "OnChange", "member_id"]
 log = logging.getLogger(__name__)
 
 MEMBERS_BUCKET = "RESPAWN_MEMBERS"
+# The stream behind the bucket, and the header that marks a key's deletion in it.
+MEMBERS_STREAM = f"KV_{MEMBERS_BUCKET}"
+KV_OPERATION_HEADER = "KV-Operation"
 # Keys of members that stopped heartbeating disappear from the bucket after this long (a
 # restarted replica must not find the whole history of earlier ones).
 BUCKET_MAX_AGE = 120.0
@@ -168,30 +171,27 @@ class Membership:
             self._changed.set()  # a peer may have gone quiet: look again
 
     async def _watch(self) -> None:
-        """Follow the group's keys. The watch also carries our own heartbeat back: when it has
+        """Follow the group's keys. The feed also carries our own heartbeat back: when it has
         not for a few heartbeats, it is broken (a server restart can lose its consumer) and is
         made again."""
         while True:
-            watcher = None
+            feed = None
             try:
-                kv = await self._bucket()
-                watcher = await kv.watch(f"{self.group}.*")
+                await self._bucket()
+                synced = asyncio.Event()
+                feed = await self._follow(synced)
                 self._own_echo = self.clock()
-                initial = True
                 while True:
-                    try:
-                        entry = await watcher.updates(timeout=self.heartbeat)
-                    except nats.errors.TimeoutError:
-                        entry = None
-                    if entry is None:
-                        if initial:
-                            initial = False
-                            self._watch_synced = True
-                            self._changed.set()
-                        if self.clock() - self._own_echo > 3 * self.heartbeat + self.ttl:
-                            raise ConnectionError("own heartbeats no longer come back through the watch")
-                        continue
-                    self._apply(entry)
+                    if synced.is_set():
+                        await asyncio.sleep(self.heartbeat)
+                    else:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(synced.wait(), self.heartbeat)
+                    if synced.is_set() and not self._watch_synced:
+                        self._watch_synced = True  # the peers are known: shares may be taken
+                        self._changed.set()
+                    if self.clock() - self._own_echo > 3 * self.heartbeat + self.ttl:
+                        raise ConnectionError("own heartbeats no longer come back through the watch")
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -199,19 +199,59 @@ class Membership:
                 self._kv = None
                 await asyncio.sleep(self.heartbeat)
             finally:
-                if watcher is not None:
+                if feed is not None:
                     with contextlib.suppress(Exception):
-                        await watcher.stop()
+                        await feed.unsubscribe()
 
-    def _apply(self, entry: Any) -> None:
-        member = str(entry.key).removeprefix(f"{self.group}.")
+    async def _follow(self, synced: asyncio.Event) -> Any:
+        """A push consumer of the group's keys, the last value of each first, delivered to an
+        inbox of this connection; ``synced`` is set once those first values are in.
+
+        Not nats-py's ``KeyValue.watch``: that is an ordered consumer with flow control, whose
+        client wakes the process four times a second to check for a flow-control request and
+        which the server heartbeats every five seconds, for a bucket that changes once per
+        replica per heartbeat. A lost message costs nothing here (the next heartbeat of its
+        member comes within ``heartbeat``), and a lost consumer is noticed by our own heartbeats
+        no longer coming back."""
+
+        async def arrived(msg: Any) -> None:
+            try:
+                meta = msg.metadata
+                operation = (msg.headers or {}).get(KV_OPERATION_HEADER, "PUT")
+                self._seen(msg.subject.removeprefix(self._prefix), operation, meta.timestamp)
+                if meta.num_pending == 0:
+                    synced.set()
+            except Exception:  # one odd message must not end the feed
+                log.exception("%s membership: cannot read %s", self.group, getattr(msg, "subject", "?"))
+
+        feed = await self.bus.js.subscribe(
+            f"{self._prefix}*",
+            stream=MEMBERS_STREAM,
+            cb=arrived,
+            flow_control=False,
+            config=api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+                ack_policy=api.AckPolicy.NONE,
+                max_deliver=1,
+                mem_storage=True,
+                num_replicas=1,
+            ),
+        )
+        if (await feed.consumer_info()).num_pending == 0:
+            synced.set()  # nothing (more) to deliver: the group has no key, or all are in
+        return feed
+
+    @property
+    def _prefix(self) -> str:
+        return f"$KV.{MEMBERS_BUCKET}.{self.group}."
+
+    def _seen(self, member: str, operation: str, created: datetime | None) -> None:
         now = self.clock()
-        if entry.operation in ("DEL", "PURGE"):
+        if operation in ("DEL", "PURGE"):
             self._last_seen.pop(member, None)
         else:
-            # An entry from the initial values may be old: count it from when it was written.
+            # A value from before the feed began may be old: count it from when it was written.
             age = 0.0
-            created = getattr(entry, "created", None)
             if created is not None:
                 with contextlib.suppress(Exception):
                     age = max(0.0, time.time() - created.timestamp())

@@ -34,7 +34,8 @@ import yaml
 
 from respawn import natsauth
 from respawn.testbed.cluster import kubectl_binary
-from respawn.testbed.nats import NatsServer, free_port, start_nats
+from respawn.testbed.nats import NatsServer, start_nats
+from respawn.testbed.ports import free_port
 from respawn.testbed.services import spawn_service
 from shared.bus import Bus, BusError
 from tests.integration.test_deploy import (

@@ -163,15 +163,14 @@ def test_every_service_may_set_up_and_watch_the_members_bucket(service: str) -> 
     perms = natsauth.service_permissions(service)
     stream = natsauth.MEMBERS_STREAM
     assert stream == f"KV_{MEMBERS_BUCKET}"
-    # The bucket is created by whichever replica starts first, and watched by an ordered
-    # consumer: created without a name in the subject, asked for its state, flow-controlled.
+    # The bucket is created by whichever replica starts first, and watched by a push consumer
+    # without flow control: created without a name in the subject, asked for its state.
     for allowed in (
         f"$JS.API.STREAM.INFO.{stream}",
         f"$JS.API.STREAM.CREATE.{stream}",
         f"$JS.API.CONSUMER.CREATE.{stream}",
         f"$JS.API.CONSUMER.INFO.{stream}.ABCdef123",
         f"$JS.API.CONSUMER.DELETE.{stream}.ABCdef123",
-        f"$JS.FC.{stream}.abc.1",
     ):
         assert perms.may_publish(allowed), (service, allowed)
     # Nobody changes, deletes or purges the bucket, nor reads it any other way.
@@ -182,6 +181,7 @@ def test_every_service_may_set_up_and_watch_the_members_bucket(service: str) -> 
         f"$JS.API.STREAM.MSG.DELETE.{stream}",
         f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.x",
         f"$JS.API.CONSUMER.MSG.NEXT.{stream}.x",
+        f"$JS.FC.{stream}.abc.1",
     ):
         assert not perms.may_publish(refused), (service, refused)
     # The watch delivers to an inbox, never to the bucket's own subjects.
