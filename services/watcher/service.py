@@ -815,10 +815,13 @@ class Watcher:
     async def resolve_held(self) -> None:
         """Look at the held pods again whenever something they may wait for arrives (an
         AppWrapper, a component, an owner read, a watch synced), and at least every
-        :data:`RESOLVE_PERIOD`. Never returns; cancel it to stop."""
+        :data:`RESOLVE_PERIOD` while any pod is held or the watcher is not ready yet; with
+        neither, only when woken (a pod held wakes it), so an idle watcher does not wake for
+        nothing. Never returns; cancel it to stop."""
         while True:
+            period = RESOLVE_PERIOD if self.held or self.synced_at is None else None
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), RESOLVE_PERIOD)
+                await asyncio.wait_for(self.wake.wait(), period)
             self.wake.clear()
             if self.synced_at is None and self.ready():
                 self.synced_at = time.monotonic()
