@@ -9,9 +9,10 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+from nats.js import api
 
 from shared.bus import Bus
-from shared.bus.membership import Membership
+from shared.bus.membership import MEMBERS_BUCKET, MEMBERS_STREAM, Membership
 from tests.nats_fixtures import connected_bus
 from tests.waiting import until
 
@@ -128,3 +129,30 @@ async def test_a_new_replica_takes_its_share_only_after_learning_of_the_others(b
     finally:
         await first.stop()
         await second.stop()
+
+
+async def test_a_replica_follows_its_groups_keys_without_flow_control_or_heartbeats(buses: list[Bus]) -> None:
+    # nats-py's own watch of a bucket is an ordered consumer with flow control, whose client wakes
+    # the process four times a second; the membership's feed is a plain push consumer instead.
+    group = f"test-{uuid.uuid4().hex[:8]}"
+    replica = Replica(buses[0], group, "solo")
+    replica.start()
+    try:
+        await until(
+            "the replica owns everything",
+            lambda: replica.membership.owned == frozenset(range(PARTITIONS)),
+            within=10,
+        )
+        feeds = [
+            info
+            for info in await buses[1].js.consumers_info(MEMBERS_STREAM)
+            if (info.config.filter_subject or "").startswith(f"$KV.{MEMBERS_BUCKET}.{group}.")
+        ]
+        assert len(feeds) == 1, feeds
+        config = feeds[0].config
+        assert not config.flow_control
+        assert not config.idle_heartbeat
+        assert config.deliver_subject and config.deliver_subject.startswith("_INBOX")
+        assert config.deliver_policy == api.DeliverPolicy.LAST_PER_SUBJECT
+    finally:
+        await replica.stop()

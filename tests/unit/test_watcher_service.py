@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from services.watcher import service, translate
 from shared import subjects
 from shared.appwrapper.constants import APPWRAPPER_LABEL
@@ -15,6 +17,7 @@ from shared.config import OperatorConfig
 from shared.kube import ResourceRef
 from shared.messages import AppWrapperObservation, NodeObservation, PodObservation
 from shared.runtime import Runtime
+from tests.waiting import until
 
 
 class Unused:
@@ -206,3 +209,57 @@ def test_a_watcher_alone_publishes_every_partition() -> None:
     w = watcher()
     assert w.publishing() == set(range(subjects.partitions()))
     assert all(w.owns(p) for p in range(subjects.partitions()))
+
+
+# ------------------------------------------------------------------ the held-pod resolver
+
+
+class CountingEvent(asyncio.Event):
+    """An event that counts how often its waiter went through a round (each round clears it)."""
+
+    rounds = 0
+
+    def clear(self) -> None:
+        self.rounds += 1
+        super().clear()
+
+
+async def test_the_resolver_sleeps_until_woken_when_ready_and_holding_nothing_and_polls_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(service, "RESOLVE_PERIOD", 0.01)
+    w = watcher()
+    w.wake = wake = CountingEvent()
+    readiness_checks = 0
+    retries: list[str] = []
+
+    def ready() -> bool:
+        nonlocal readiness_checks
+        readiness_checks += 1
+        return readiness_checks >= 5  # ready at the fifth look: it kept looking while not
+
+    async def retry_held(uid: str, held: service.Held) -> None:
+        retries.append(uid)
+
+    monkeypatch.setattr(w, "ready", ready)
+    monkeypatch.setattr(w, "retry_held", retry_held)
+    monkeypatch.setattr(w, "owns", lambda partition: True)
+    task = asyncio.create_task(w.resolve_held())
+    try:
+        await until("the watcher to notice it is ready", lambda: w.synced_at is not None, within=5)
+        # Ready, nothing held: no more rounds on a timer.
+        rounds = wake.rounds
+        await asyncio.sleep(0.3)
+        assert wake.rounds == rounds, "an idle resolver kept waking on a timer"
+        # A pod held wakes it, and it looks at that pod again every period until it is released.
+        w.held["uid-1"] = service.Held({"metadata": {"namespace": "ns", "name": "p"}}, 0.0)
+        wake.set()
+        await until("the held pod to be looked at again and again", lambda: len(retries) >= 5, within=5)
+        w.held.clear()
+        await asyncio.sleep(0.05)
+        rounds = wake.rounds
+        await asyncio.sleep(0.3)
+        assert wake.rounds == rounds, "it kept waking on a timer once nothing was held"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
