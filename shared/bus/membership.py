@@ -237,8 +237,14 @@ class Membership:
                 num_replicas=1,
             ),
         )
-        if (await feed.consumer_info()).num_pending == 0:
-            synced.set()  # nothing (more) to deliver: the group has no key, or all are in
+        try:
+            if (await feed.consumer_info()).num_pending == 0:
+                synced.set()  # nothing (more) to deliver: the group has no key, or all are in
+        except BaseException:
+            # The caller makes a new feed: this one must not go on delivering beside it.
+            with contextlib.suppress(Exception):
+                await feed.unsubscribe()
+            raise
         return feed
 
     @property

@@ -8,8 +8,10 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator
 
+import nats.js.errors
 import pytest
 from nats.js import api
+from nats.js.client import JetStreamContext
 
 from shared.bus import Bus
 from shared.bus.membership import MEMBERS_BUCKET, MEMBERS_STREAM, Membership
@@ -156,3 +158,34 @@ async def test_a_replica_follows_its_groups_keys_without_flow_control_or_heartbe
         assert config.deliver_policy == api.DeliverPolicy.LAST_PER_SUBJECT
     finally:
         await replica.stop()
+
+
+async def test_a_feed_whose_state_cannot_be_read_is_let_go(
+    buses: list[Bus], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server answers the feed's state with an error: the feed is made again, and the one
+    # that failed must not stay subscribed beside it.
+    bus = buses[0]
+    membership = Membership(
+        bus,
+        f"test-{uuid.uuid4().hex[:8]}",
+        partitions=PARTITIONS,
+        heartbeat=0.2,
+        ttl=1.0,
+        on_change=_no_change,
+        member="x",
+    )
+    await membership._bucket()
+    subscriptions = len(bus.nc._subs)
+
+    async def refused(self: object) -> None:
+        raise nats.js.errors.NotFoundError
+
+    monkeypatch.setattr(JetStreamContext.PushSubscription, "consumer_info", refused)
+    with pytest.raises(nats.js.errors.NotFoundError):
+        await membership._follow(asyncio.Event())
+    assert len(bus.nc._subs) == subscriptions
+
+
+async def _no_change(previous: frozenset[int], current: frozenset[int]) -> None:
+    return None
