@@ -30,6 +30,7 @@ from typing import Any
 
 import nats.js.errors
 from nats.js import api
+from nats.js.kv import KV_DEL, KV_MARKER_REASON, KV_OP, KV_PURGE
 
 from shared import metrics
 from shared.partitions import assign, live, partition_of, partitions_of
@@ -40,9 +41,8 @@ __all__ = ["MEMBERS_BUCKET", "Membership", "OnChange", "member_id"]
 log = logging.getLogger(__name__)
 
 MEMBERS_BUCKET = "RESPAWN_MEMBERS"
-# The stream behind the bucket, and the header that marks a key's deletion in it.
+# The stream behind the bucket.
 MEMBERS_STREAM = f"KV_{MEMBERS_BUCKET}"
-KV_OPERATION_HEADER = "KV-Operation"
 # Keys of members that stopped heartbeating disappear from the bucket after this long (a
 # restarted replica must not find the whole history of earlier ones).
 BUCKET_MAX_AGE = 120.0
@@ -66,6 +66,21 @@ def member_id() -> str:
     else ``<hostname>-<pid>``; only characters valid in a NATS KV key."""
     raw = os.environ.get("RESPAWN_INSTANCE") or f"{socket.gethostname()}-{os.getpid()}"
     return re.sub(r"[^A-Za-z0-9_-]+", "-", raw).strip("-")[:64] or "replica"
+
+
+def _operation(headers: dict[str, str] | None) -> str:
+    """What a message of the bucket's stream does to its key: ``PUT``, ``DEL`` or ``PURGE``.
+
+    A client's delete or purge says so in ``KV-Operation``; a marker the server itself places
+    (nats-server 2.11 and later, when a key ages out with subject delete markers enabled) says
+    why in ``Nats-Marker-Reason`` instead. A marker only ever stands for a key that is gone, so
+    a reason this code does not know yet is read as a removal too."""
+    headers = headers or {}
+    if KV_OP in headers:
+        return headers[KV_OP]
+    if KV_MARKER_REASON in headers:
+        return KV_DEL if headers[KV_MARKER_REASON] == "Remove" else KV_PURGE
+    return "PUT"
 
 
 class Membership:
@@ -217,8 +232,7 @@ class Membership:
         async def arrived(msg: Any) -> None:
             try:
                 meta = msg.metadata
-                operation = (msg.headers or {}).get(KV_OPERATION_HEADER, "PUT")
-                self._seen(msg.subject.removeprefix(self._prefix), operation, meta.timestamp)
+                self._seen(msg.subject.removeprefix(self._prefix), _operation(msg.headers), meta.timestamp)
                 if meta.num_pending == 0:
                     synced.set()
             except Exception:  # one odd message must not end the feed
@@ -253,7 +267,7 @@ class Membership:
 
     def _seen(self, member: str, operation: str, created: datetime | None) -> None:
         now = self.clock()
-        if operation in ("DEL", "PURGE"):
+        if operation in (KV_DEL, KV_PURGE):
             self._last_seen.pop(member, None)
         else:
             # A value from before the feed began may be old: count it from when it was written.
