@@ -1019,6 +1019,12 @@ class Watcher:
         """Every ``watcher.discardCheckPeriod``: publish again what the stream discarded."""
         while True:
             await asyncio.sleep(self.check_period)
+            # What was published, and what was on its way, when the stream was asked: a publish
+            # whose acknowledgement crosses the stream's answer would otherwise look discarded
+            # (its sequence past the answer's last, or its subject's previous one below the
+            # answer's first) and have a whole watch listed again for nothing.
+            asked = dict(self.publisher.seqs)
+            busy = set(self.publisher.inflight)
             try:
                 first, last = await self.rt.bus.sequences(subjects.OBSERVATIONS_STREAM)
             except asyncio.CancelledError:
@@ -1026,12 +1032,26 @@ class Watcher:
             except Exception as exc:  # the next check tries again
                 log.warning("cannot check the stored observations: %r", exc)
                 continue
-            self.restore_discarded(first, last)
+            busy.update(self.publisher.inflight)
+            self.restore_discarded(first, last, asked=asked, busy=busy)
 
-    def restore_discarded(self, first: int, last: int, now: float | None = None) -> int:
+    def restore_discarded(
+        self,
+        first: int,
+        last: int,
+        now: float | None = None,
+        *,
+        asked: Mapping[str, int] | None = None,
+        busy: Collection[str] = (),
+    ) -> int:
         """Mark the existing objects whose latest observation is no longer stored (the stream's
         sequences are ``first`` to ``last``) to be published again at their next event, and have
         their watches list again; how many were newly marked.
+
+        Only what was settled while the stream was asked counts: an object whose sequence is not
+        the one it had then (``asked``, each subject's sequence when the question went out) or
+        whose publish was on its way when it went out or when the answer came (``busy``) is
+        left to the next check.
 
         A watch lists again at most once per gap, which starts at the check period and doubles
         while every check finds more of its objects discarded (a stream too small for what
@@ -1041,7 +1061,11 @@ class Watcher:
         now = time.monotonic() if now is None else now
         publisher, marked = self.publisher, 0
         for name, live in self.live.items():
-            lost = discarded(live, publisher.seqs, first, last)
+            lost = {
+                subject: seq
+                for subject, seq in discarded(live, publisher.seqs, first, last).items()
+                if subject not in busy and (asked is None or asked.get(subject) == seq)
+            }
             if not lost:
                 # Nothing of it lost: the next loss is listed for at once, the gaps start over.
                 self.relist_gap.pop(name, None)

@@ -81,6 +81,24 @@ def test_a_watch_lists_again_at_most_once_per_gap_which_grows_while_objects_keep
     assert check(first=3, now=4 * period)
 
 
+def test_a_publish_whose_acknowledgement_crosses_the_streams_answer_is_not_taken_for_discarded() -> None:
+    w = watcher()
+    w.live["pods"] = {"new", "moved", "sent", "lost"}
+    w.relists["pods"] = relist = asyncio.Event()
+    # When the stream was asked: "moved" was at 3, "sent" on its way, "new" not published yet.
+    asked = {"moved": 3, "sent": 4, "lost": 2}
+    # The answer (first 5, last 10) was computed before the publishes of "new" (11) and "moved"
+    # (12) were stored, and after the stream's first passed the previous sequences of "sent"
+    # (its new one not acknowledged yet) and of "moved"; all three acknowledgements came first.
+    w.publisher.seqs.update({"new": 11, "moved": 12, "sent": 4, "lost": 2})
+    assert w.restore_discarded(5, 10, now=0.0, asked=asked, busy={"sent"}) == 1
+    assert w.publisher.restore == {"lost": 2} and relist.is_set()
+    # Without what was known when it asked, all four would look discarded.
+    w.publisher.restore.clear()
+    w.relisting.discard("pods")
+    assert w.restore_discarded(5, 10, now=1000.0) == 4
+
+
 def test_a_watch_is_not_asked_again_while_its_list_is_under_way() -> None:
     w = watcher()
     w.live["pods"] = {"p1"}
