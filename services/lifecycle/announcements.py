@@ -51,6 +51,7 @@ from shared.appwrapper.constants import (
     Phase,
     Reason,
 )
+from shared.appwrapper.model import as_mapping
 from shared.kubetime import as_utc, format_kube_time, parse_kube_time
 from shared.messages import LifecycleEvent, ObjectRef
 
@@ -110,10 +111,6 @@ class Transition:
     def marker(self) -> str:
         """The annotation value recording that this transition has been announced."""
         return self.forceful_key if self.forceful else self.key
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def _conditions(status: Mapping[str, Any]) -> Sequence[Any]:
@@ -184,8 +181,8 @@ def _suspended_after_running(conditions: Sequence[Any]) -> bool:
 def transition_of(aw: Mapping[str, Any]) -> Transition | None:
     """The transition ``aw``'s status records; None before the first (no phase) or for a phase
     this version does not know."""
-    meta = _mapping(aw.get("metadata"))
-    status = _mapping(aw.get("status"))
+    meta = as_mapping(aw.get("metadata"))
+    status = as_mapping(aw.get("status"))
     phase = status.get("phase")
     if not isinstance(phase, str) or not phase:
         return None
@@ -206,7 +203,7 @@ def transition_of(aw: Mapping[str, Any]) -> Transition | None:
 
 def announced_marker(aw: Mapping[str, Any]) -> str | None:
     """The ``respawn.dev/announced`` annotation, None when absent."""
-    annotations = _mapping(_mapping(aw.get("metadata")).get("annotations"))
+    annotations = as_mapping(as_mapping(aw.get("metadata")).get("annotations"))
     value = annotations.get(ANNOUNCED_ANNOTATION)
     return value if isinstance(value, str) else None
 
@@ -229,7 +226,7 @@ def _last_written(aw: Mapping[str, Any], transition: Transition) -> datetime | N
     """When the status was last written: the API server's own record of it (managedFields), or
     failing that the transition's times."""
     latest: datetime | None = None
-    fields = _mapping(aw.get("metadata")).get("managedFields")
+    fields = as_mapping(aw.get("metadata")).get("managedFields")
     for entry in fields if isinstance(fields, list) else []:
         if isinstance(entry, Mapping) and entry.get("subresource") == "status":
             when = parse_kube_time(entry.get("time"))
@@ -285,7 +282,7 @@ def event_name(appwrapper: str, event: str) -> str:
 
 
 def _ref(aw: Mapping[str, Any]) -> ObjectRef:
-    meta = _mapping(aw.get("metadata"))
+    meta = as_mapping(aw.get("metadata"))
     return ObjectRef(
         namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), uid=str(meta.get("uid", ""))
     )
@@ -382,8 +379,8 @@ def _phase_announcements(
 ) -> list[Action]:
     """What the machine announces on entering ``transition.phase`` (see machine._transition and
     its callers), as far as the status tells."""
-    status = _mapping(aw.get("status"))
-    spec = _mapping(aw.get("spec"))
+    status = as_mapping(aw.get("status"))
+    spec = as_mapping(aw.get("spec"))
     components = spec.get("components")
     n = len(components) if isinstance(components, list) else 0
     conditions = _conditions(status)
@@ -462,7 +459,7 @@ def _phase_announcements(
 def _forceful_announcements(aw: Mapping[str, Any], transition: Transition, now: datetime) -> list[Action]:
     """What the machine announces when a deletion escalates to grace period 0 (the summary is in
     the DeletingResources message)."""
-    conditions = _conditions(_mapping(aw.get("status")))
+    conditions = _conditions(as_mapping(aw.get("status")))
     deleting = find_condition(conditions, ConditionType.DELETING_RESOURCES) or {}
     text = str(deleting.get("message", ""))
     summary = text.partition(": ")[2] or text

@@ -11,12 +11,12 @@ never touching their input, so decision code can build a new status from an old 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
 from shared.appwrapper.constants import ConditionStatus
+from shared.jsoncodec import copy_json
 from shared.kubetime import as_utc, format_kube_time, parse_kube_time
 
 __all__ = [
@@ -107,7 +107,7 @@ def set_condition(
     result: Conditions = []
     found = False
     for cond in _entries(conditions):
-        entry = copy.deepcopy(dict(cond))
+        entry = copy_json(dict(cond))
         if entry.get("type") == ctype and not found:
             found = True
             if entry.get("status") != status or parse_time(entry.get("lastTransitionTime")) is None:
@@ -153,7 +153,7 @@ def clear_condition(
     repeating a "clear" never rewrites a reason or message that explains an earlier state.
     """
     if not is_true(conditions, ctype):
-        return [copy.deepcopy(dict(c)) for c in _entries(conditions)]
+        return [copy_json(dict(c)) for c in _entries(conditions)]
     return set_condition(
         conditions,
         ctype=ctype,

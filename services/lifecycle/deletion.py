@@ -29,7 +29,6 @@ exactly once per deletion, whichever instance observes it, rather than on every 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -47,6 +46,7 @@ from services.lifecycle.conditions import (
 from services.lifecycle.observed import Observed, ObservedNode, ObservedPod, Presence
 from shared.appwrapper.constants import ComponentReason, ConditionStatus, ConditionType, Reason
 from shared.durations import format_go_duration
+from shared.jsoncodec import copy_json
 from shared.kubetime import as_utc
 
 __all__ = ["DELETION_POLL", "FORCEFUL_MESSAGE_PREFIX", "DeletionStep", "staged_deletion", "unreachable_pods"]
@@ -137,7 +137,7 @@ def staged_deletion(
     expired = now >= deadline
 
     raw_entries = status.get("componentStatus")
-    entries = [copy.deepcopy(dict(e)) if isinstance(e, Mapping) else {} for e in (raw_entries or [])]
+    entries = [copy_json(dict(e)) if isinstance(e, Mapping) else {} for e in (raw_entries or [])]
     actions: list[Action] = []
     # (index, status entry, name, confirmed ours, its uid)
     remaining: list[tuple[int, Mapping[str, Any], str, bool, str]] = []

@@ -38,7 +38,6 @@ resync must reconcile because they have work or a clock pending.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -103,6 +102,7 @@ from shared.appwrapper.constants import (
     Reason,
 )
 from shared.appwrapper.control import completion_policy, stop_requested
+from shared.appwrapper.model import as_mapping
 from shared.appwrapper.params import DELETION_ON_FAILURE_GRACE_PERIOD_ANNOTATION
 from shared.appwrapper.podsets import component_pod_sets, expected_pod_count
 from shared.config import NodeExclusionConfig
@@ -111,6 +111,7 @@ from shared.failures.annotation import transient_retry_limit
 from shared.failures.budget import RetryAction, decide_retry
 from shared.failures.patterns import FailureClass
 from shared.faulttolerance import FaultTolerance
+from shared.jsoncodec import copy_json
 from shared.kubetime import as_utc, format_kube_time
 from shared.messages import LifecycleEvent, ObjectRef, Verdict
 
@@ -214,8 +215,8 @@ def needs_attention(aw: Mapping[str, Any], now: datetime | None = None) -> bool:
     record count as owing its announcements while its status is recent (see
     :func:`services.lifecycle.announcements.pending`).
     """
-    meta = _mapping(aw.get("metadata"))
-    status = _mapping(aw.get("status"))
+    meta = as_mapping(aw.get("metadata"))
+    status = as_mapping(aw.get("status"))
     if meta.get("deletionTimestamp"):
         return True
     if announcements.pending(aw, now):
@@ -231,13 +232,9 @@ def needs_attention(aw: Mapping[str, Any], now: datetime | None = None) -> bool:
         case Phase.FAILED | Phase.SUCCEEDED:
             return holding
         case Phase.SUSPENDED:
-            return holding or _mapping(aw.get("spec")).get("suspend") is not True
+            return holding or as_mapping(aw.get("spec")).get("suspend") is not True
         case _:
             return True
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 class _Reconciliation:
@@ -255,19 +252,17 @@ class _Reconciliation:
         transient_limit: int = 10,
     ) -> None:
         self.aw = aw
-        self.meta = _mapping(aw.get("metadata"))
+        self.meta = as_mapping(aw.get("metadata"))
         # The annotation's problems are reported by validation.parameters, not here.
         self.transient_limit = transient_retry_limit(
-            _mapping(self.meta.get("annotations")), transient_limit
+            as_mapping(self.meta.get("annotations")), transient_limit
         ).limit
-        self.spec = _mapping(aw.get("spec"))
+        self.spec = as_mapping(aw.get("spec"))
         raw_components = self.spec.get("components")
         self.components: list[Any] = raw_components if isinstance(raw_components, list) else []
         raw_status = aw.get("status")
-        self.original: dict[str, Any] = (
-            copy.deepcopy(dict(raw_status)) if isinstance(raw_status, Mapping) else {}
-        )
-        self.status: dict[str, Any] = copy.deepcopy(self.original)
+        self.original: dict[str, Any] = copy_json(dict(raw_status)) if isinstance(raw_status, Mapping) else {}
+        self.status: dict[str, Any] = copy_json(self.original)
         self.observed = observed
         self.verdict = verdict
         self.params = params
@@ -343,7 +338,7 @@ class _Reconciliation:
         else:
             self.actions = self._with_ids(self.actions)
         return Plan(
-            status=copy.deepcopy(self.status) if changed else None,
+            status=copy_json(self.status) if changed else None,
             resource_version=self._resource_version(),
             finalizer=self.finalizer,
             actions=tuple(self.actions),
@@ -528,9 +523,9 @@ class _Reconciliation:
 
     def _fresh_entry(self, index: int) -> dict[str, Any]:
         """status.componentStatus[index] as first recorded: identity plus validated pod sets."""
-        component = _mapping(self.components[index]) if index < len(self.components) else {}
-        template = _mapping(component.get("template"))
-        meta = _mapping(template.get("metadata"))
+        component = as_mapping(self.components[index]) if index < len(self.components) else {}
+        template = as_mapping(component.get("template"))
+        meta = as_mapping(template.get("metadata"))
         pod_sets = component_pod_sets(component)
         return {
             "name": str(meta.get("name", "")),
@@ -586,7 +581,7 @@ class _Reconciliation:
             self._requeue(step.requeue_at)
         entries = self.status.get("componentStatus")
         for index in step.foreign:
-            entry = _mapping(entries[index]) if isinstance(entries, list) and index < len(entries) else {}
+            entry = as_mapping(entries[index]) if isinstance(entries, list) and index < len(entries) else {}
             name = entry.get("name") or self.observed.component(index).name
             self._event(
                 "Warning",
@@ -869,7 +864,7 @@ class _Reconciliation:
                 # Recorded before the create call, so that a crash right after it still leaves a
                 # trace that this object may exist and must be deleted. (A retry after an error
                 # keeps its ComponentCreationErrored condition, which deletion also heeds.)
-                name = _mapping(body.get("metadata")).get("name")
+                name = as_mapping(body.get("metadata")).get("name")
                 entry["name"] = name if isinstance(name, str) else ""
                 self._set_component(entry, ConditionStatus.UNKNOWN, ComponentReason.CREATION_INITIATED)
             creates.append(CreateComponent(index=index, body=body))
@@ -944,7 +939,7 @@ class _Reconciliation:
                 else self._expected_pods()
             )
             message = f"{succeeded} pods succeeded and no running, pending, or failed pods"
-            if verdict.message and completion_policy(_mapping(self.meta.get("annotations")))[0] is not None:
+            if verdict.message and completion_policy(as_mapping(self.meta.get("annotations")))[0] is not None:
                 # Success by a completion policy: other pods may still run; health's message says why.
                 message = verdict.message
             self._set(ConditionType.QUOTA_RESERVED, ConditionStatus.FALSE, Reason.SUCCEEDED, message)
@@ -1158,7 +1153,7 @@ class _Reconciliation:
 
     def _completed_by_policy(self) -> bool:
         """Succeeded by a completion policy while pods of the workload are still pending or running."""
-        annotations = _mapping(self.meta.get("annotations"))
+        annotations = as_mapping(self.meta.get("annotations"))
         policy, _ = completion_policy(annotations)
         if policy is None or self.observed.pods is None:
             return False

@@ -18,6 +18,7 @@ from typing import Any
 
 from services.lifecycle.actions import CreateOutcome
 from shared import metrics
+from shared.appwrapper.model import as_mapping
 from shared.kube.watch import WatchEvent
 from shared.ownership import OwnerLink, controller_link
 
@@ -68,17 +69,13 @@ class Presence(StrEnum):
     DELETING = "Deleting"
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
 def controller_uid(obj: Mapping[str, Any]) -> str:
     """The uid its controller owner reference names ("" if it has none)."""
-    for owner in _list(_mapping(obj.get("metadata")).get("ownerReferences")):
+    for owner in _list(as_mapping(obj.get("metadata")).get("ownerReferences")):
         if isinstance(owner, Mapping) and owner.get("controller") is True:
             return str(owner.get("uid", ""))
     return ""
@@ -116,14 +113,14 @@ class ObservedPod:
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> ObservedPod:
         """What a decision needs of a pod object (from a LIST or a watch event)."""
-        meta = _mapping(pod.get("metadata"))
+        meta = as_mapping(pod.get("metadata"))
         return cls(
             name=str(meta.get("name", "")),
-            phase=str(_mapping(pod.get("status")).get("phase") or "Pending"),
+            phase=str(as_mapping(pod.get("status")).get("phase") or "Pending"),
             terminating=bool(meta.get("deletionTimestamp")),
             uid=str(meta.get("uid") or ""),
             controller=controller_link(pod),
-            node=str(_mapping(pod.get("spec")).get("nodeName") or ""),
+            node=str(as_mapping(pod.get("spec")).get("nodeName") or ""),
         )
 
 
@@ -146,16 +143,16 @@ class ObservedNode:
     @classmethod
     def of(cls, node: Mapping[str, Any]) -> ObservedNode:
         """What a decision needs of a node object (from a LIST or a watch event)."""
-        status = _mapping(node.get("status"))
+        status = as_mapping(node.get("status"))
         return cls(
-            name=str(_mapping(node.get("metadata")).get("name", "")),
+            name=str(as_mapping(node.get("metadata")).get("name", "")),
             ready=any(
                 c.get("type") == "Ready" and c.get("status") == "True"
                 for c in _list(status.get("conditions"))
                 if isinstance(c, Mapping)
             ),
-            unschedulable=bool(_mapping(node.get("spec")).get("unschedulable")),
-            allocatable={str(k): str(v) for k, v in _mapping(status.get("allocatable")).items()},
+            unschedulable=bool(as_mapping(node.get("spec")).get("unschedulable")),
+            allocatable={str(k): str(v) for k, v in as_mapping(status.get("allocatable")).items()},
         )
 
 

@@ -44,6 +44,7 @@ from shared.appwrapper.constants import (
     ConditionStatus,
     ConditionType,
 )
+from shared.appwrapper.model import as_mapping
 from shared.kube import KubeApiError, ResourceRef
 from shared.kube.owners import OwnerCache
 from shared.ownership import Outcome, Reason
@@ -203,15 +204,15 @@ class Reader:
         without a LIST (for a workload starting or running, whose passes conclude nothing from
         "none"); the answer is then marked unconfirmed (``Observed.pods_confirmed``).
         """
-        meta = _mapping(aw.get("metadata"))
+        meta = as_mapping(aw.get("metadata"))
         namespace, name, uid = (
             str(meta.get("namespace", "")),
             str(meta.get("name", "")),
             str(meta.get("uid", "")),
         )
         key = (namespace, name)
-        spec_components = _list(_mapping(aw.get("spec")).get("components"))
-        status = _mapping(aw.get("status"))
+        spec_components = _list(as_mapping(aw.get("spec")).get("components"))
+        status = as_mapping(aw.get("status"))
         statuses = _list(status.get("componentStatus"))
         started = attempt_start(status)
         # An AppWrapper exactly as our own last write left it: no other writer has created a
@@ -235,7 +236,7 @@ class Reader:
             entry = statuses[index] if index < len(statuses) and isinstance(statuses[index], Mapping) else {}
             if entry:
                 comp_name = str(entry.get("name") or "")
-            template_meta = _mapping(template.get("metadata"))
+            template_meta = as_mapping(template.get("metadata"))
             comp_name = comp_name or str(template_meta.get("name") or "")
             if index in created and created[index].name:
                 comp_name = created[index].name
@@ -421,7 +422,7 @@ class Reader:
     def _seen(
         self, obj: Mapping[str, Any], name: str, aw_uid: str, key: Key | None, index: int
     ) -> ObservedComponent:
-        meta = _mapping(obj.get("metadata"))
+        meta = as_mapping(obj.get("metadata"))
         # Its controller is what the chains of its pods end at.
         self.owners.learn(obj)
         presence = Presence.DELETING if meta.get("deletionTimestamp") else Presence.PRESENT
@@ -486,8 +487,8 @@ class Reader:
         # AppWrapper, as they carry its owner reference).
         found.sort(
             key=lambda o: (
-                str(_mapping(o.get("metadata")).get("creationTimestamp", "")),
-                str(_mapping(o.get("metadata")).get("name", "")),
+                str(as_mapping(o.get("metadata")).get("creationTimestamp", "")),
+                str(as_mapping(o.get("metadata")).get("name", "")),
             )
         )
         if len(found) > 1:
@@ -499,7 +500,7 @@ class Reader:
                 index,
             )
         first = found[0]
-        return self._seen(first, str(_mapping(first.get("metadata")).get("name", "")), aw_uid, key, index)
+        return self._seen(first, str(as_mapping(first.get("metadata")).get("name", "")), aw_uid, key, index)
 
     async def observe_nodes(self) -> tuple[ObservedNode, ...] | None:
         """The cluster's nodes: from the node cache, or a LIST before it has synced (a reset in
@@ -523,10 +524,6 @@ class Reader:
         return None
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def _annotated(items: Sequence[Any], identity: str, aw_uid: str) -> list[Mapping[str, Any]]:
     """The objects among ``items`` whose ``respawn.dev/component`` annotation is ``identity`` and
     whose controller is the AppWrapper ``aw_uid``."""
@@ -534,7 +531,8 @@ def _annotated(items: Sequence[Any], identity: str, aw_uid: str) -> list[Mapping
         obj
         for obj in items
         if isinstance(obj, Mapping)
-        and _mapping(_mapping(obj.get("metadata")).get("annotations")).get(COMPONENT_ANNOTATION) == identity
+        and as_mapping(as_mapping(obj.get("metadata")).get("annotations")).get(COMPONENT_ANNOTATION)
+        == identity
         and bool(aw_uid)
         and controller_uid(obj) == aw_uid
     ]

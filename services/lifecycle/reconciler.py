@@ -37,6 +37,7 @@ from services.lifecycle.verdicts import VerdictUse
 from services.lifecycle.workqueue import Key, WorkQueue
 from shared import metrics
 from shared.appwrapper.constants import ANNOUNCED_ANNOTATION, INCIDENT_TRACE_ANNOTATION, Phase
+from shared.appwrapper.model import as_mapping
 from shared.bus import TransientError
 from shared.config import NodeExclusionConfig
 from shared.faulttolerance import FaultTolerance
@@ -197,7 +198,7 @@ class Reconciler:
             state.aw = aw
             if state.sent is None and self.records is not None:
                 # A record this process owes, not yet written: as good as written for its passes.
-                state.sent = self.records.marker(key, str(_mapping(aw.get("metadata")).get("uid", "")))
+                state.sent = self.records.marker(key, str(as_mapping(aw.get("metadata")).get("uid", "")))
             # Read by a GET (the cache could not answer before the span began): a reset under
             # way is still remembered, so that its annotation is kept and later passes rejoin it.
             self.incidents.adopt(key, aw)
@@ -205,7 +206,7 @@ class Reconciler:
             effective = validation.parameters(aw, self.defaults, self.transient_limit)
             params = effective.ft
             await self._tell_problems(aw, effective.warnings)
-            was = str(_mapping(aw.get("status")).get("phase", ""))
+            was = str(as_mapping(aw.get("status")).get("phase", ""))
             t_observe = time.perf_counter()
             # An arriving Unhealthy verdict's first pass decides from the AppWrapper alone: the
             # decision (reset or fail, then delete the components it records) depends neither on
@@ -227,7 +228,7 @@ class Reconciler:
                 components=not quick,
                 nodes=unhealthy or params.consistency_mode,
                 none_from_cache=was in _NO_CONCLUSION_FROM_NO_PODS
-                and not _mapping(aw.get("metadata")).get("deletionTimestamp"),
+                and not as_mapping(aw.get("metadata")).get("deletionTimestamp"),
             )
             t_decide = time.perf_counter()
             now = self.clock()
@@ -361,7 +362,7 @@ class Reconciler:
         found = validation.problems(aw, warnings)
         if not found:
             return
-        meta = _mapping(aw.get("metadata"))
+        meta = as_mapping(aw.get("metadata"))
         who = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
         for problem in found:
             digest = hashlib.sha256(problem.message.encode()).hexdigest()[:12]
@@ -376,7 +377,3 @@ class Reconciler:
             INVALID_VALUES.labels(field=problem.field.split("[", 1)[0]).inc()
             log.warning("%s/%s: %s", meta.get("namespace"), meta.get("name"), problem.message)
             await self.failures.reported.send(aw, event, self.executor.announce_one)
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}

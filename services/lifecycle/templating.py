@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, KIND
-from shared.appwrapper.model import PodSet
+from shared.appwrapper.model import PodSet, as_mapping
 from shared.appwrapper.podsets import PodSetPathError, component_pod_sets, get_at_path, set_at_path
 
 __all__ = [
@@ -99,7 +99,7 @@ PodTemplateHook = Callable[[PodTemplateContext, dict[str, Any]], dict[str, Any]]
 
 def owner_reference(appwrapper: Mapping[str, Any]) -> dict[str, Any]:
     """A controller owner reference to ``appwrapper`` (as controllerutil.SetControllerReference)."""
-    metadata = _mapping(appwrapper.get("metadata"))
+    metadata = as_mapping(appwrapper.get("metadata"))
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -133,10 +133,10 @@ def render_component(
     when omitted they are the declared ones or, failing that, the inferred ones. ``annotations``
     are added to the object's own metadata.
     """
-    metadata = _mapping(appwrapper.get("metadata"))
+    metadata = as_mapping(appwrapper.get("metadata"))
     aw_name = str(metadata.get("name", ""))
     aw_namespace = str(metadata.get("namespace", ""))
-    components = _mapping(appwrapper.get("spec")).get("components")
+    components = as_mapping(appwrapper.get("spec")).get("components")
     if not isinstance(components, list) or not 0 <= index < len(components):
         raise TemplateError(f"component {index} does not exist")
     component = components[index]
@@ -171,11 +171,11 @@ def render_component(
         path = (
             raw_pod_set.path
             if isinstance(raw_pod_set, PodSet)
-            else str(_mapping(raw_pod_set).get("path", ""))
+            else str(as_mapping(raw_pod_set).get("path", ""))
         )
         info = infos[j] if j < len(infos) else {}
         context = PodTemplateContext(appwrapper=appwrapper, component_index=index, pod_set_index=j, path=path)
-        obj = _render_pod_template(obj, aw_name, context, _mapping(info), hooks, f"{where}, pod set {path}")
+        obj = _render_pod_template(obj, aw_name, context, as_mapping(info), hooks, f"{where}, pod set {path}")
     return obj
 
 
@@ -231,13 +231,9 @@ def _render_pod_template(
 
 
 def _describe(obj: Mapping[str, Any]) -> str:
-    meta = _mapping(obj.get("metadata"))
+    meta = as_mapping(obj.get("metadata"))
     name = meta.get("name") or meta.get("generateName") or "<unnamed>"
     return f"{obj.get('apiVersion', '?')} {obj.get('kind', '?')} {name}"
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def _child(parent: dict[str, Any], key: str, where: str) -> dict[str, Any]:

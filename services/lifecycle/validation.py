@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from services.lifecycle.conditions import parse_time
 from shared.appwrapper.constants import Phase
+from shared.appwrapper.model import as_mapping
 from shared.appwrapper.params import EffectiveParams, effective_fault_tolerance
 from shared.failures.annotation import transient_retry_limit
 from shared.faulttolerance import FaultTolerance
@@ -39,10 +40,6 @@ class Problem:
     message: str
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
@@ -52,7 +49,7 @@ def parameters(aw: Mapping[str, Any], defaults: FaultTolerance, transient_limit:
     """The AppWrapper's effective fault-tolerance parameters (annotations over ``defaults``),
     with a warning for each annotation value that could not be used as given (the transient
     retry limit's too: the machine reads it from the annotation, over ``transient_limit``)."""
-    annotations = _mapping(aw.get("metadata")).get("annotations")
+    annotations = as_mapping(aw.get("metadata")).get("annotations")
     if not isinstance(annotations, Mapping):
         return EffectiveParams(ft=defaults)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from shared.appwrapper.constants import CONTROLLER_NAME, ConditionType
 from shared.appwrapper.model import (
     AppWrapperError,
     AppWrapperFields,
+    as_mapping,
     int_at,
     list_at,
     mapping_at,
@@ -301,3 +303,22 @@ def test_field_accessors_read_only_what_has_the_type_asked_for() -> None:
     assert str_at(obj, "a", "b", "n") == ""
     assert list_at(obj, "a", "b", "l") == [1]
     assert list_at(obj, "a", "b", "s") == []
+
+
+def test_field_accessors_read_through_any_mapping_and_stop_at_anything_else() -> None:
+    # A mapping that is not a dict (a read-only view) is read like one.
+    obj = MappingProxyType({"a": MappingProxyType({"s": "x", "n": 2, "l": [3]})})
+    assert str_at(obj, "a", "s") == "x"
+    assert int_at(obj, "a", "n") == 2
+    assert list_at(obj, "a", "l") == [3]
+    assert mapping_at(obj, "a")["s"] == "x"
+    assert as_mapping(obj) is obj and as_mapping(obj["a"]) is obj["a"]
+    # A string, a list or None on the way ends the path: nothing is read from it.
+    for odd in ("text", ["s"], None, 7):
+        assert str_at({"a": odd}, "a", "s") == ""
+        assert int_at({"a": odd}, "a", "n") is None
+        assert list_at({"a": odd}, "a", "l") == []
+        assert mapping_at({"a": odd}, "a", "b") == {}
+        assert as_mapping(odd) == {}
+    # Without keys: the object itself, if it has the type asked for.
+    assert str_at("x") == "x" and int_at(4) == 4 and list_at([1]) == [1] and mapping_at({"k": 1}) == {"k": 1}
