@@ -50,6 +50,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.watcher import translate
+from services.watcher.teardown import TornDown
 from shared import jsoncodec, metrics, subjects
 from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, KIND
 from shared.appwrapper.model import list_at, mapping_at, str_at
@@ -101,6 +102,12 @@ UNATTRIBUTED = metrics.counter(
     "Watch events of labelled pods not published because the pod's controller owner chain does "
     "not lead to the AppWrapper its label names, by reason",
     ["reason"],
+)
+TEARDOWN_SKIPPED = metrics.counter(
+    "respawn_watcher_teardown_changes_skipped",
+    "Changes of pods and components of AppWrappers being deleted, not published (only their "
+    "tombstones are), by observation kind",
+    ["kind"],
 )
 HELD = metrics.gauge(
     "respawn_watcher_pods_held", "Labelled pods held while the owners on their chain are looked up"
@@ -412,6 +419,8 @@ class Watcher:
         # uid of every AppWrapper by (namespace, name), from the AppWrapper watch.
         self.owners = OwnerCache(self.kube)
         self.appwrapper_uids: dict[tuple[str, str], str] = {}
+        # AppWrappers being deleted: their pods' and components' changes are not published.
+        self.torn_down = TornDown()
         self.held: dict[str, Held] = {}
         self.wake = asyncio.Event()
         self.lookups: dict[str, asyncio.Task[None]] = {}
@@ -674,11 +683,17 @@ class Watcher:
         self.keep(name, obj, observation_kind, subject, partition, deleted=deleted)
         owned = self.owns(partition)
         if observation_kind == PodObservation.KIND:
-            if owned:
+            if owned and not deleted and self.tearing_down(obj, observation_kind):
+                self.release(str_at(obj, "metadata", "uid"))
+            elif owned:
                 await self.handle_pod(obj, deleted=deleted)
             return
         self.learn(obj, observation_kind, deleted=deleted)
-        if owned:
+        if owned and not (
+            observation_kind == ComponentObservation.KIND
+            and not deleted
+            and self.tearing_down(obj, observation_kind)
+        ):
             await self.handle(obj, to_message, observation_kind, deleted=deleted)
         if observation_kind == AppWrapperObservation.KIND and not deleted:
             # Every replica watches the wrapped kinds in use, whoever publishes the AppWrapper.
@@ -723,15 +738,27 @@ class Watcher:
             if not deleted:
                 if uid:
                     self.appwrapper_uids[key] = uid
+                deleting = mapping_at(obj, "metadata").get("deletionTimestamp") is not None
+                self.torn_down.learn(key, deleting=deleting, deleted=False, now=time.monotonic())
             elif not uid or self.appwrapper_uids.get(key) == uid:
                 # Not when a newer AppWrapper of the same name was seen already.
                 self.appwrapper_uids.pop(key, None)
+                self.torn_down.learn(key, deleting=True, deleted=True, now=time.monotonic())
         elif observation_kind == ComponentObservation.KIND:
             self.owners.learn(obj)
         else:
             return
         if self.held:
             self.wake.set()
+
+    def tearing_down(self, obj: dict[str, Any], observation_kind: str) -> bool:
+        """Whether ``obj`` (a pod or component) belongs to an AppWrapper being deleted, so that its
+        change is not published (:mod:`services.watcher.teardown`); counted."""
+        key = (str_at(obj, "metadata", "namespace"), str_at(obj, "metadata", "labels", APPWRAPPER_LABEL))
+        if not key[1] or not self.torn_down.holds(key, time.monotonic()):
+            return False
+        TEARDOWN_SKIPPED.labels(kind=observation_kind).inc()
+        return True
 
     def attribute(self, pod: dict[str, Any]) -> Attribution:
         """Where the pod's controller chain leads, from what is known now (no API call)."""

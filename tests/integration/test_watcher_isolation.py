@@ -49,6 +49,7 @@ from shared.config import NatsConfig, OperatorConfig
 from shared.kube import Kube
 from shared.messages import AnyObservation, AppWrapperObservation, ObjectRef, PodObservation, decode
 from shared.runtime import Runtime
+from shared.stalls import HEARTBEAT_ANNOTATION
 from tests.integration.test_nats_permissions import AuthNats, auth_nats, service_bus
 from tests.nats_fixtures import dead_letters
 from tests.waiting import until
@@ -675,3 +676,95 @@ async def test_a_pod_whose_appwrapper_is_not_seen_is_held_then_given_up_unpublis
         await asyncio.to_thread(kubectl, kc, "annotate", "pod", "waiting", "-n", namespace, "again=1")
         seen = await until("the pod published", lambda: last(own_bus, subject))
         assert decode(PodObservation, seen.data).ref.uid == pod_uid
+
+
+# ------------------------------------------------------------------ an AppWrapper being deleted
+
+HOLD = "test.respawn.dev/hold"
+
+
+async def test_while_an_appwrapper_is_deleted_its_pods_changes_are_not_published_only_their_tombstones(
+    testbed: Endpoints, kube: Kube, own_bus: Bus, namespace: str
+) -> None:
+    kc = testbed.kubeconfig
+    # A finalizer of the test's own keeps the AppWrapper in its deletion for as long as needed.
+    aw_uid, _ = await create(
+        kc,
+        namespace,
+        appwrapper("going", WIDGET).replace('"metadata": {', f'"metadata": {{"finalizers": ["{HOLD}"], ', 1),
+    )
+    owner = {"apiVersion": API_VERSION, "kind": KIND, "name": "going", "uid": aw_uid, "controller": True}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "going-0", "labels": {APPWRAPPER_LABEL: "going"}, "ownerReferences": [owner]},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+    subject = subjects.appwrapper_obs(namespace, "going", "pod", "going-0")
+
+    def skipped() -> float:
+        return metric("respawn_watcher_teardown_changes_skipped_total", kind=PodObservation.KIND)
+
+    async def changed_pod(value: str) -> None:
+        # The progress heartbeat is part of the pod's observation: a change that is published.
+        await asyncio.to_thread(
+            kubectl,
+            kc,
+            "annotate",
+            "--overwrite",
+            "pod",
+            "going-0",
+            "-n",
+            namespace,
+            f"{HEARTBEAT_ANNOTATION}={value}",
+        )
+
+    try:
+        async with running(own_bus, kube, namespace) as w:
+            pod_uid, _ = await create(kc, namespace, json.dumps(pod))
+            await changed_pod("2026-01-01T00:00:00Z")
+            first = await until(
+                "the pod's change published",
+                lambda: last(own_bus, subject),
+                done=lambda stored: (
+                    stored is not None and decode(PodObservation, stored.data).heartbeat != ""
+                ),
+            )
+            before = skipped()
+
+            await asyncio.to_thread(
+                kubectl, kc, "delete", "appwrapper", "going", "-n", namespace, "--wait=false"
+            )
+            await until("the AppWrapper seen deleting", lambda: w.torn_down.holds((namespace, "going"), 0.0))
+            await changed_pod("2026-01-01T00:01:00Z")
+            await until("the pod's change skipped", skipped, done=lambda n: n > before)
+            stored = await last(own_bus, subject)
+            assert stored is not None and stored.seq == first.seq, (
+                "a change of a torn-down AppWrapper's pod was published"
+            )
+
+            # Its deletion is published: the tombstone removes its observation from the stream.
+            await asyncio.to_thread(
+                kubectl, kc, "delete", "pod", "going-0", "-n", namespace, "--grace-period=0", "--force"
+            )
+            tomb = await until(
+                "the pod's tombstone",
+                lambda: last(own_bus, subject),
+                done=lambda stored: stored is not None and decode(PodObservation, stored.data).deleted,
+            )
+            assert decode(PodObservation, tomb.data).ref.uid == pod_uid
+            assert tomb.headers[TTL_HEADER] == ttl_value(TTL.total_seconds())
+    finally:
+        await asyncio.to_thread(
+            kubectl,
+            kc,
+            "patch",
+            "appwrapper",
+            "going",
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            '{"metadata":{"finalizers":null}}',
+            check=False,
+        )
