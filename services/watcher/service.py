@@ -569,8 +569,14 @@ class Watcher:
         """Publish what is kept of one object, as its watch would have (whatever fails with it is
         dead-lettered there, as always)."""
         _, observation_kind, to_message = self.watched[name]
-        TAKEN_OVER.labels(kind=observation_kind).inc()
         obj = kept.obj()
+        if (
+            observation_kind in (PodObservation.KIND, ComponentObservation.KIND)
+            and not kept.deleted
+            and self.tearing_down(obj, observation_kind)
+        ):
+            return  # as its watch would not have published it either
+        TAKEN_OVER.labels(kind=observation_kind).inc()
         if observation_kind == PodObservation.KIND:
             await self.handle_pod(obj, deleted=kept.deleted)
         else:
