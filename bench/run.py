@@ -112,6 +112,8 @@ class Cleanup:
     seconds: float
     left: list[str]  # what was still there when the time ran out
     api_requests: dict[str, float]  # every client's, while the workload was deleted
+    # Messages stored in each stream meanwhile (none for a controller that uses no NATS).
+    nats_messages: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -308,7 +310,8 @@ async def clean_up(bench: Bench) -> Cleanup:
         for k, n in end.api.items()
         if not k.startswith("WATCH") and n - start.api.get(k, 0.0) >= 1
     }
-    return Cleanup(seconds, left, dict(sorted(requests.items(), key=lambda kv: -kv[1])))
+    messages = {stream: n - start.nats.get(stream, 0) for stream, n in end.nats.items()}
+    return Cleanup(seconds, left, dict(sorted(requests.items(), key=lambda kv: -kv[1])), messages)
 
 
 # ------------------------------------------------------------------ parts of the result
@@ -388,6 +391,7 @@ def summary(
         "cleanup_s": cleanup.seconds,
         "phases_s": report.phase_seconds(bench.marks),
         "cleanup_api_requests": cleanup.api_requests,
+        "cleanup_nats_messages": cleanup.nats_messages,
         "cost": cost,
         "bench_cpu_s": cpu_after.bench - cpu_before.bench,
     }

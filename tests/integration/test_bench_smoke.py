@@ -86,3 +86,8 @@ async def test_every_fault_is_reset_exactly_once_and_nothing_is_left_behind(
         if record["kind"] != "stuck-init":
             assert record["recovered_after_s"] is not None, record
         assert record["verdict_after_s"] is not None, record
+
+    # The clean-up is counted on the bus too: at least every AppWrapper's tombstone was stored.
+    assert result["cleanup_nats_messages"]["RESPAWN_OBSERVATIONS"] >= cfg.appwrappers, result[
+        "cleanup_nats_messages"
+    ]
