@@ -134,6 +134,24 @@ def appwrapper(
     return with_verbatim(obj, verbatim)
 
 
+def pod_of(appwrapper: str, appwrapper_uid: str, name: str) -> dict[str, Any]:
+    """A pod labelled with ``appwrapper`` and controlled by it directly (its owner chain is that
+    one link)."""
+    owner = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": appwrapper,
+        "uid": appwrapper_uid,
+        "controller": True,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {APPWRAPPER_LABEL: appwrapper}, "ownerReferences": [owner]},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+
+
 def with_verbatim(obj: Any, text: str) -> str:
     """The JSON text of ``obj`` with ``text`` in place of the string ``VERBATIM`` in it."""
     return json.dumps(obj).replace(json.dumps(VERBATIM), text)
@@ -651,13 +669,7 @@ async def test_a_pod_whose_appwrapper_is_not_seen_is_held_then_given_up_unpublis
             '"metadata": {', f'"metadata": {{"labels": {{"{HIDDEN}": "1"}}, ', 1
         ),
     )
-    owner = {"apiVersion": API_VERSION, "kind": KIND, "name": "late", "uid": aw_uid, "controller": True}
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "waiting", "labels": {APPWRAPPER_LABEL: "late"}, "ownerReferences": [owner]},
-        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
-    }
+    pod = pod_of("late", aw_uid, "waiting")
     subject = subjects.appwrapper_obs(namespace, "late", "pod", "waiting")
     async with running(own_bus, kube, namespace, appwrapper_selector=f"!{HIDDEN}") as w:
         pod_uid, _ = await create(kc, namespace, json.dumps(pod))
@@ -693,13 +705,7 @@ async def test_while_an_appwrapper_is_deleted_its_pods_changes_are_not_published
         namespace,
         appwrapper("going", WIDGET).replace('"metadata": {', f'"metadata": {{"finalizers": ["{HOLD}"], ', 1),
     )
-    owner = {"apiVersion": API_VERSION, "kind": KIND, "name": "going", "uid": aw_uid, "controller": True}
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "going-0", "labels": {APPWRAPPER_LABEL: "going"}, "ownerReferences": [owner]},
-        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
-    }
+    pod = pod_of("going", aw_uid, "going-0")
     subject = subjects.appwrapper_obs(namespace, "going", "pod", "going-0")
 
     def skipped() -> float:
