@@ -13,13 +13,12 @@ fingerprints rely on that).
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
 import orjson
 
-__all__ = ["Kept", "copy_json", "dumps", "keep", "kept", "loads", "pack"]
+__all__ = ["Kept", "dumps", "keep", "kept", "loads", "pack"]
 
 # Every ASCII digit becomes "0" and every other byte a space: a run of 19 zeros in the result is
 # a number orjson may not read exactly (64 bits hold 19 or 20 digits; it reads a wider integer
@@ -86,23 +85,3 @@ def kept(value: Kept) -> dict[str, Any]:
         decoded: dict[str, Any] = loads(value)
         return decoded
     return dict(value)
-
-
-# Values a copy may share with the original: nothing can change them in place.
-_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
-
-
-def copy_json(value: Any) -> Any:
-    """A deep copy of a tree of dicts and lists such as JSON decodes to, several times faster
-    than :func:`copy.deepcopy` (which looks up how to copy each value by its type and records
-    every one it copied, for objects that refer to themselves; JSON never does). Lifecycle
-    copies an AppWrapper's status, conditions and component entries on every pass. Anything
-    else in the tree (a tuple, a datetime) is copied by :func:`copy.deepcopy`."""
-    kind = type(value)
-    if kind is dict:
-        return {key: copy_json(item) for key, item in value.items()}
-    if kind is list:
-        return [copy_json(item) for item in value]
-    if kind in _IMMUTABLE:
-        return value
-    return copy.deepcopy(value)

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
+from services.lifecycle.copies import copy_json
 from shared.appwrapper.constants import ConditionStatus
-from shared.jsoncodec import copy_json
 from shared.kubetime import as_utc, format_kube_time, parse_kube_time
 
 __all__ = [

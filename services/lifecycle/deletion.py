@@ -43,10 +43,10 @@ from services.lifecycle.conditions import (
     set_condition,
     transition_time,
 )
+from services.lifecycle.copies import copy_json
 from services.lifecycle.observed import Observed, ObservedNode, ObservedPod, Presence
 from shared.appwrapper.constants import ComponentReason, ConditionStatus, ConditionType, Reason
 from shared.durations import format_go_duration
-from shared.jsoncodec import copy_json
 from shared.kubetime import as_utc
 
 __all__ = ["DELETION_POLL", "FORCEFUL_MESSAGE_PREFIX", "DeletionStep", "staged_deletion", "unreachable_pods"]

@@ -65,6 +65,7 @@ from services.lifecycle.conditions import (
     transition_time,
     truncate,
 )
+from services.lifecycle.copies import copy_json
 from services.lifecycle.deletion import staged_deletion
 from services.lifecycle.observed import Observed, ObservedComponent, Presence
 from services.lifecycle.placement.exclusion import exclude_on_reset
@@ -111,7 +112,6 @@ from shared.failures.annotation import transient_retry_limit
 from shared.failures.budget import RetryAction, decide_retry
 from shared.failures.patterns import FailureClass
 from shared.faulttolerance import FaultTolerance
-from shared.jsoncodec import copy_json
 from shared.kubetime import as_utc, format_kube_time
 from shared.messages import LifecycleEvent, ObjectRef, Verdict
 

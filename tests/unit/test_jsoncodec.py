@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import tracemalloc
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -130,27 +129,3 @@ def test_packed_bytes_take_their_own_size_in_memory() -> None:
     assert traced(jsoncodec.pack) < size * 1.1
     # What it guards against: the unpacked form (orjson's buffer) takes markedly more.
     assert traced(jsoncodec.dumps) > size * 1.5
-
-
-@given(values)
-def test_a_copied_tree_equals_the_original_and_shares_nothing_that_can_change(value: Any) -> None:
-    copied = jsoncodec.copy_json(value)
-    assert same(copied, value)
-
-    def containers(tree: Any) -> list[int]:
-        if isinstance(tree, dict):
-            return [id(tree), *(i for item in tree.values() for i in containers(item))]
-        if isinstance(tree, list):
-            return [id(tree), *(i for item in tree for i in containers(item))]
-        return []
-
-    assert not set(containers(copied)) & set(containers(value))
-
-
-def test_what_is_not_json_in_a_tree_is_deep_copied_as_it_is() -> None:
-    when = datetime(2026, 1, 1, tzinfo=UTC)
-    inner = {"k": [1]}
-    original = {"t": (inner,), "when": when}
-    copied = jsoncodec.copy_json(original)
-    assert copied == original and type(copied["t"]) is tuple
-    assert copied["t"][0] is not inner
