@@ -37,6 +37,11 @@ images: venv
 release: venv
 	@VENV=$(VENV) $(BIN)/python -m respawn.release
 
+# pytest-xdist workers for `make test`, `unit` and `integration`; each integration worker starts a
+# testbed of its own (tests/conftest.py). TEST_WORKERS=0 runs the suite in this process, in order.
+TEST_WORKERS ?= 3
+PYTEST_WORKERS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
 lint: venv
 	$(BIN)/ruff check shared services respawn tests bench examples
 	$(BIN)/ruff format --check shared services respawn tests bench examples
@@ -44,13 +49,13 @@ lint: venv
 	$(BIN)/lint-imports
 
 unit: venv
-	$(BIN)/pytest tests/unit -q
+	$(BIN)/pytest tests/unit -q $(PYTEST_WORKERS)
 
 integration: venv binaries
-	$(BIN)/pytest tests/integration -q
+	$(BIN)/pytest tests/integration -q $(PYTEST_WORKERS)
 
 test: venv binaries lint
-	$(BIN)/pytest -q --durations=40
+	$(BIN)/pytest -q --durations=40 $(PYTEST_WORKERS)
 
 # The demo needs only the testbed `respawn local up` starts: not Kueue, promtool or crictl.
 demo: venv

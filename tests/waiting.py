@@ -1,6 +1,50 @@
 """The tests wait through the tools' one polling helper (``respawn.waiting``); re-exported here so
-that a test reads ``from tests.waiting import until`` like any other test support module."""
+that a test reads ``from tests.waiting import until`` like any other test support module.
 
-from respawn.waiting import WaitTimeout, holds, holds_sync, until, until_sync
+The deadlines of :func:`until` and :func:`until_sync` (how long something that must happen may
+take) are stretched by ``RESPAWN_TEST_PATIENCE``: by default 2 in a pytest-xdist worker, where
+other workers' testbeds share the machine's cores, and 1 otherwise. What must *not* happen for a
+while (:func:`holds`, :func:`holds_sync`) keeps its length.
+"""
 
-__all__ = ["WaitTimeout", "holds", "holds_sync", "until", "until_sync"]
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from respawn import waiting
+from respawn.waiting import WaitTimeout, holds, holds_sync
+
+__all__ = ["PATIENCE", "WaitTimeout", "holds", "holds_sync", "until", "until_sync"]
+
+T = TypeVar("T")
+
+
+def _patience() -> float:
+    given = os.environ.get("RESPAWN_TEST_PATIENCE")
+    if given:
+        return float(given)
+    return 2.0 if os.environ.get("PYTEST_XDIST_WORKER") else 1.0
+
+
+PATIENCE = _patience()
+
+
+async def until(
+    what: str, check: Any, *, done: Callable[[Any], object] = bool, within: float = 30, every: float = 0.2
+) -> Any:
+    """:func:`respawn.waiting.until`, its deadline stretched by :data:`PATIENCE`."""
+    return await waiting.until(what, check, done=done, within=within * PATIENCE, every=every)
+
+
+def until_sync(
+    what: str,
+    check: Callable[[], T],
+    *,
+    done: Callable[[T], object] = bool,
+    within: float = 60,
+    every: float = 0.2,
+) -> T:
+    """:func:`respawn.waiting.until_sync`, its deadline stretched by :data:`PATIENCE`."""
+    return waiting.until_sync(what, check, done=done, within=within * PATIENCE, every=every)

@@ -197,7 +197,11 @@ def _seed_training_operator_certs(kubeconfig: Path) -> None:
     kubectl(kubeconfig, "apply", "-f", "-", stdin=json.dumps(secret))
     TRAINING_OPERATOR_CERT_DIR.mkdir(parents=True, exist_ok=True)
     for name, data in bundle.items():
-        (TRAINING_OPERATOR_CERT_DIR / name).write_bytes(data)
+        # The directory is the machine's: testbeds started side by side (one per test worker)
+        # each write it, and an operator starting meanwhile must never read half a file.
+        tmp = TRAINING_OPERATOR_CERT_DIR / f".{name}.{os.getpid()}.tmp"
+        tmp.write_bytes(data)
+        tmp.replace(TRAINING_OPERATOR_CERT_DIR / name)
 
 
 # JobSet's controller defaults and validates JobSets in its admission webhook (the controller

@@ -93,6 +93,11 @@ NODE_IMAGES = ("pause", "busybox", "respawn", "respawn-nats")
 IMAGES_SCRIPT = binaries.REPO_ROOT / "tools" / "images" / "build.sh"
 # The longest path of a unix socket (sun_path less its terminating NUL).
 _MAX_SOCKET_PATH = 107
+# The longest socket path under the state directory: the kubelet's device-plugin socket
+# (containerd's, ``node/containerd.sock.ttrpc``, is shorter). A longer path fails at bind(2)
+# as "invalid argument" deep in the kubelet's log, so it is refused before anything starts.
+_LONGEST_SOCKET = "/node/kubelet/device-plugins/kubelet.sock"
+_MAX_STATE_DIR = _MAX_SOCKET_PATH - len(_LONGEST_SOCKET)
 
 Log = Callable[[str], None]
 Launch = Callable[..., Proc]
@@ -168,11 +173,10 @@ def preflight(state_dir: Path) -> None:
     if os.geteuid() != 0:
         raise TestbedError("--real-node needs root (containerd and the kubelet run as root); rerun as root")
     layout = Layout(state_dir.resolve())
-    if len(str(layout.socket)) + len(".ttrpc") > _MAX_SOCKET_PATH:
+    if len(str(layout.state_dir)) > _MAX_STATE_DIR:
         raise TestbedError(
-            f"the state directory {layout.state_dir} is too long for containerd's socket "
-            f"(at most {_MAX_SOCKET_PATH - len('/node/containerd.sock.ttrpc')} characters); "
-            "choose a shorter --state-dir"
+            f"the state directory {layout.state_dir} is too long for the sockets of containerd and "
+            f"the kubelet (at most {_MAX_STATE_DIR} characters); choose a shorter --state-dir"
         )
 
 

@@ -26,6 +26,7 @@ from respawn.testbed.services import ServiceProcess, spawn_service
 from shared.appwrapper.constants import APPWRAPPER_LABEL
 from shared.appwrapper.model import read_appwrapper
 from tests.integration.objects import FAST_RESET, apply
+from tests.waiting import PATIENCE
 
 # Every service, the replicated ones twice, as a production install runs them.
 REPLICAS: tuple[tuple[str, str], ...] = (
@@ -165,8 +166,10 @@ class Plan:
     # ``fault_window`` so an injected failure never races the pod's own completion.
     # The margin between the two is what a loaded machine may delay an injection by: the test
     # process polls the pods, and on 2 busy cores a pass can take seconds.
-    succeed_after: int = 30
-    fault_window: float = 20.0
+    # Both stretch with the tests' patience (tests/waiting.py): on a machine shared with other
+    # workers an injection comes later.
+    succeed_after: int = round(30 * PATIENCE)
+    fault_window: float = 20.0 * PATIENCE
     rng: random.Random = field(default_factory=lambda: random.Random(1))
 
     @property

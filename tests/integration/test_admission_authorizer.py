@@ -18,6 +18,7 @@ from respawn.testbed.ports import free_port
 from services.webhook.admission import AccessCheck, AccessResult, UserInfo
 from services.webhook.server import KubeAuthorizer
 from shared.kube import Kube
+from tests.waiting import until
 
 pytestmark = pytest.mark.testbed
 
@@ -47,7 +48,12 @@ async def test_kube_authorizer_posts_a_review_for_the_discovered_resource(
             "--verb=create", "--resource=deployments")  # fmt: skip
     kubectl(testbed.kubeconfig, "create", "rolebinding", "alice-deployments", "-n", namespace,
             "--role=make-deployments", f"--user={USER}")  # fmt: skip
-    assert (await authorize(check("apps/v1", "Deployment", namespace))).allowed
+    # The API server's authorizer learns of new RBAC objects through its own watch: a moment later.
+    await until(
+        "the Role to allow creating Deployments",
+        lambda: authorize(check("apps/v1", "Deployment", namespace)),
+        done=lambda answer: answer.allowed,
+    )
     assert not (await authorize(check("batch/v1", "Job", namespace))).allowed
 
 

@@ -303,6 +303,7 @@ async def test_a_kill_after_the_announcements_before_their_record_sends_no_secon
             sim.get_json(kc, "appwrapper", "twice", "-n", namespace).get("status", {}).get("phase")
             == "Running"
         ),
+        within=60,  # a service starting, its first resync, a Job's pod scheduled and run
     )
     async with connected(testbed) as (kube, _):
         messages = await until(

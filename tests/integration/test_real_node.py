@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from respawn.testbed import realnode
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.process import pid_alive
@@ -121,8 +123,14 @@ def processes_naming(text: str) -> list[str]:
     return found
 
 
-def test_real_node_runs_pods_for_real_and_down_leaves_nothing(tmp_path: Path) -> None:
-    state_dir = (tmp_path / "tb").resolve()
+@pytest.fixture
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A state directory short enough for the node's sockets (``tmp_path`` holds the test's name,
+    and under a test worker its worker's too)."""
+    return (tmp_path_factory.mktemp("rn") / "tb").resolve()
+
+
+def test_real_node_runs_pods_for_real_and_down_leaves_nothing(state_dir: Path) -> None:
     layout = realnode.Layout(state_dir)
     before = machine()
 
@@ -238,8 +246,7 @@ def assert_nothing_left(state_dir: Path, pids: dict[str, int], before: dict[str,
     assert machine() == before
 
 
-def test_real_node_joins_a_running_testbed_and_goes_with_it(tmp_path: Path) -> None:
-    state_dir = (tmp_path / "tb").resolve()
+def test_real_node_joins_a_running_testbed_and_goes_with_it(state_dir: Path) -> None:
     before = machine()
     plain = respawn("local", "up", "--state-dir", str(state_dir), "--nodes", "1", "--no-services", "--json")
     pids: dict[str, int] = (

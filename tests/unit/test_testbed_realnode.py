@@ -101,5 +101,18 @@ def test_preflight_refuses_a_user_other_than_root(monkeypatch: pytest.MonkeyPatc
 
 def test_preflight_refuses_a_state_dir_too_long_for_a_socket(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(realnode.os, "geteuid", lambda: 0)
-    with pytest.raises(TestbedError, match=r"too long for containerd's socket.*shorter --state-dir"):
+    too_long = r"too long for the sockets of containerd and the kubelet.*shorter --state-dir"
+    with pytest.raises(TestbedError, match=too_long):
         realnode.preflight(Path("/tmp") / ("d" * 100))
+
+
+def test_preflight_takes_the_longest_state_dir_whose_sockets_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kubelet's device-plugin socket is the longest path under the state directory: a
+    state directory that leaves it within 107 characters is taken, one character more is not."""
+    monkeypatch.setattr(realnode.os, "geteuid", lambda: 0)
+    longest = "/node/kubelet/device-plugins/kubelet.sock"
+    fits = Path("/tmp/" + "d" * (107 - len(longest) - len("/tmp/")))
+    assert len(str(fits / longest.lstrip("/"))) == 107
+    realnode.preflight(fits)
+    with pytest.raises(TestbedError, match="too long"):
+        realnode.preflight(Path(str(fits) + "d"))

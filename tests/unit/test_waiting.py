@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from tests.waiting import holds, holds_sync, until, until_sync
+from respawn.waiting import holds, holds_sync, until, until_sync
+from tests import waiting as tests_waiting
 
 
 def counter() -> itertools.count[int]:
@@ -69,3 +70,11 @@ async def test_holds_fails_as_soon_as_the_check_stops_holding() -> None:
 def test_holds_sync_fails_as_soon_as_the_check_stops_holding() -> None:
     with pytest.raises(AssertionError, match=r"the pod stayed stopped holding; seen: False"):
         holds_sync("the pod stayed", lambda: False, during=10)
+
+
+async def test_the_tests_deadlines_are_stretched_by_their_patience(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tests_waiting, "PATIENCE", 3.0)
+    with pytest.raises(AssertionError, match=r"timed out after 0\.15\d*s waiting for the sun"):
+        await tests_waiting.until("the sun", lambda: [], within=0.05, every=0.01)
+    with pytest.raises(AssertionError, match=r"timed out after 0\.15\d*s waiting for the stars"):
+        tests_waiting.until_sync("the stars", lambda: [], within=0.05, every=0.01)
