@@ -700,7 +700,10 @@ class Watcher:
             and not deleted
             and self.tearing_down(obj, observation_kind)
         ):
-            await self.handle(obj, to_message, observation_kind, deleted=deleted)
+            if observation_kind == ComponentObservation.KIND and not translate.is_component(obj):
+                await self.not_a_component(obj, subject)
+            else:
+                await self.handle(obj, to_message, observation_kind, deleted=deleted)
         if observation_kind == AppWrapperObservation.KIND and not deleted:
             # Every replica watches the wrapped kinds in use, whoever publishes the AppWrapper.
             self.discover(obj)
@@ -726,6 +729,15 @@ class Watcher:
             await self.refuse(observation_kind, _refused(prepared, obj, UNEXPECTED, repr(exc)))
 
         await self.publisher.submit(prepared, deleted=deleted, on_error=failed)
+
+    async def not_a_component(self, obj: dict[str, Any], subject: str) -> None:
+        """A labelled object of a wrapped kind that its AppWrapper does not control (a pod of a
+        wrapped Job, when some AppWrapper wraps a Pod) is not published; if its state as a
+        component was (its controller changed since), a tombstone replaces it."""
+        if subject and (subject in self.publisher.last or self.publisher.pending(subject)):
+            await self.handle(
+                obj, translate.former_component_observation, ComponentObservation.KIND, deleted=True
+            )
 
     def discover(self, appwrapper: dict[str, Any]) -> None:
         try:

@@ -25,7 +25,9 @@ from shared import jsoncodec, subjects
 from shared.appwrapper.constants import (
     ANNOUNCED_ANNOTATION,
     APPWRAPPER_LABEL,
+    GROUP,
     INCIDENT_TRACE_ANNOTATION,
+    KIND,
     POD_SET_LABEL,
 )
 from shared.appwrapper.model import mapping_at, str_at
@@ -200,7 +202,42 @@ def interpret_status(api_version: str, kind: str, status: dict[str, Any]) -> tup
     return False, False, ""
 
 
+def is_component(obj: Mapping[str, Any]) -> bool:
+    """Whether ``obj`` is a component of the AppWrapper its label names: an object made from one
+    of its templates, so controlled by it. The watch of a wrapped kind sees every labelled object
+    of that kind; when an AppWrapper wraps a Pod, that is every pod a wrapped Job or PyTorchJob
+    made too, and those are observed as pods, not as components as well."""
+    meta = mapping_at(obj, "metadata")
+    name = str_at(meta, "labels", APPWRAPPER_LABEL)
+    owners = meta.get("ownerReferences")
+    for owner in owners if isinstance(owners, list) and name else ():
+        if isinstance(owner, Mapping) and owner.get("controller") is True:
+            api_version = owner.get("apiVersion")
+            return (
+                isinstance(api_version, str)
+                and api_version.split("/", 1)[0] == GROUP
+                and owner.get("kind") == KIND
+                and owner.get("name") == name
+            )
+    return False
+
+
 def component_observation(
+    obj: dict[str, Any], *, deleted: bool, now: datetime
+) -> ComponentObservation | None:
+    """The observation of a component (:func:`is_component`), or None for any other object."""
+    return _component_observation(obj, deleted=deleted, now=now) if is_component(obj) else None
+
+
+def former_component_observation(
+    obj: dict[str, Any], *, deleted: bool, now: datetime
+) -> ComponentObservation | None:
+    """The tombstone of a labelled object that is no longer (or never was) a component: it
+    replaces whatever state of it was published while it was one."""
+    return _component_observation(obj, deleted=True, now=now)
+
+
+def _component_observation(
     obj: dict[str, Any], *, deleted: bool, now: datetime
 ) -> ComponentObservation | None:
     meta = mapping_at(obj, "metadata")

@@ -182,3 +182,49 @@ async def test_a_pod_that_leaves_its_appwrappers_owner_tree_is_replaced_by_a_tom
         gone = await obs.wait_last(OBS, subject, PodObservation, lambda m: m.deleted)
         assert gone.ref.name == "p"
     assert 'respawn_watcher_pods_unattributed_total{reason="no-owner"}' in watcher.metrics()
+
+
+async def test_when_an_appwrapper_wraps_a_pod_the_pods_of_a_wrapped_job_are_observed_as_pods_only(
+    testbed: Endpoints, appwrapper_crd: Path, namespace: str, service: ServiceFactory
+) -> None:
+    """An AppWrapper that wraps a Pod makes the watcher watch every labelled pod as a possible
+    component. Only those its AppWrapper controls are components: a wrapped Job's pods are
+    published as pods, and a component whose controller goes away gets a tombstone."""
+    kc = testbed.kubeconfig
+    service("watcher")
+    wrapped = manifests.appwrapper("bare", manifests.component(manifests.pod("bare-pod")), suspend=True)
+    apply(kc, namespace, wrapped)
+    bare_uid = sim.get_json(kc, "appwrapper", "bare", "-n", namespace)["metadata"]["uid"]
+    bare_pod = manifests.pod("bare-pod", labels={APPWRAPPER_LABEL: "bare"})
+    bare_pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": API_VERSION, "kind": KIND, "name": "bare", "uid": bare_uid, "controller": True}
+    ]
+    component = subjects.appwrapper_obs(namespace, "bare", "component", "Pod.bare-pod")
+    async with Observer(testbed.nats_url) as obs:
+        apply(kc, namespace, bare_pod)
+        await obs.wait_last(OBS, component, ComponentObservation, lambda m: not m.deleted)
+
+        apply(kc, namespace, manifests.job_appwrapper("aw", suspend=True))
+        apply(kc, namespace, labelled_job(kc, namespace, "aw-job", "aw"))
+        [job_pod] = await until(
+            "the Job's pod",
+            lambda: [
+                p["metadata"]["name"]
+                for p in sim.get_json(kc, "pods", "-n", namespace)["items"]
+                if p["metadata"]["labels"].get(APPWRAPPER_LABEL) == "aw"
+            ],
+        )
+        running = subjects.appwrapper_obs(namespace, "aw", "pod", job_pod)
+        await obs.wait_last(OBS, running, PodObservation, lambda m: m.phase == "Running")
+
+        # The component leaves its AppWrapper's control: its last state is replaced by a
+        # tombstone. The component watch delivers this after the Job's pod's events, so by then
+        # it has seen that pod too.
+        remove = '[{"op": "remove", "path": "/metadata/ownerReferences"}]'
+        kubectl(kc, "patch", "pod", "bare-pod", "-n", namespace, "--type=json", "-p", remove)
+        await obs.wait_last(OBS, component, ComponentObservation, lambda m: m.deleted)
+        info = await obs.nc.jetstream().stream_info(
+            OBS, subjects_filter=subjects.appwrapper_obs_filter(namespace, "aw")
+        )
+        components = sorted(s for s in info.state.subjects or {} if ".component." in s)
+        assert components == [subjects.appwrapper_obs(namespace, "aw", "component", "Job.aw-job")]

@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 
 from services.watcher import translate
 from shared import subjects
-from shared.appwrapper.constants import ANNOUNCED_ANNOTATION, APPWRAPPER_LABEL, INCIDENT_TRACE_ANNOTATION
+from shared.appwrapper.constants import (
+    ANNOUNCED_ANNOTATION,
+    API_VERSION,
+    APPWRAPPER_LABEL,
+    INCIDENT_TRACE_ANNOTATION,
+    KIND,
+)
 from shared.appwrapper.model import read_appwrapper
 from shared.appwrapper.podsets import expected_pod_count
 from shared.messages import (
@@ -27,6 +33,25 @@ from shared.messages import (
 from shared.ownership import controller_link
 
 NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+def controller(api_version: str, kind: str, name: str, **extra: Any) -> dict[str, Any]:
+    return {"apiVersion": api_version, "kind": kind, "name": name, "uid": "u", "controller": True, **extra}
+
+
+def labelled(kind: str, *owners: dict[str, Any], aw: str = "a") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1" if kind == "Pod" else "batch/v1",
+        "kind": kind,
+        "metadata": {
+            "name": "x",
+            "namespace": "n",
+            "labels": {APPWRAPPER_LABEL: aw},
+            "ownerReferences": list(owners),
+        },
+    }
+
+
 AW = AppWrapperObservation.KIND
 
 
@@ -373,7 +398,12 @@ def test_a_tombstone_made_from_a_subject_is_for_the_object_observed_there(
             {
                 "apiVersion": "batch/v1",
                 "kind": "Job",
-                "metadata": {"name": "j", "namespace": "n", "labels": {APPWRAPPER_LABEL: "a"}},
+                "metadata": {
+                    "name": "j",
+                    "namespace": "n",
+                    "labels": {APPWRAPPER_LABEL: "a"},
+                    "ownerReferences": [controller(API_VERSION, KIND, "a")],
+                },
             },
         ),
         (translate.node_observation, NodeObservation.KIND, {"kind": "Node", "metadata": {"name": "n.1"}}),
@@ -639,3 +669,29 @@ def test_a_heartbeat_that_is_no_string_is_empty_and_a_long_one_is_cut(value: Any
     assert obs is not None
     assert obs.heartbeat == ("x" * 64 if isinstance(value, str) else "")
     same_outcome(obj, PodObservation.KIND)
+
+
+@pytest.mark.parametrize(
+    ("obj", "component"),
+    [
+        (labelled("Pod", controller(API_VERSION, KIND, "a")), True),
+        (labelled("Job", controller("workload.codeflare.dev/v1beta1", KIND, "a")), True),
+        # A pod a wrapped Job made: labelled as its AppWrapper's, controlled by the Job.
+        (labelled("Pod", controller("batch/v1", "Job", "a-job")), False),
+        (labelled("Pod", controller(API_VERSION, KIND, "b")), False),  # another AppWrapper's
+        (labelled("Pod", {**controller(API_VERSION, KIND, "a"), "controller": False}), False),
+        (labelled("Pod", controller("example.com/v1", KIND, "a")), False),
+        (labelled("Pod"), False),
+        (labelled("Pod", controller(API_VERSION, KIND, ""), aw=""), False),
+    ],
+)
+def test_only_what_its_appwrapper_controls_is_observed_as_a_component(
+    obj: dict[str, Any], component: bool
+) -> None:
+    assert translate.is_component(obj) is component
+    observation = translate.component_observation(obj, deleted=False, now=NOW)
+    assert (observation is not None) is component
+    # Whatever it is, a labelled object's tombstone can be made: it replaces a state published
+    # while it was a component.
+    tombstone = translate.former_component_observation(obj, deleted=False, now=NOW)
+    assert (tombstone is not None and tombstone.deleted) is bool(obj["metadata"]["labels"][APPWRAPPER_LABEL])
