@@ -9,6 +9,7 @@ while (:func:`holds`, :func:`holds_sync`) keeps its length.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -31,20 +32,18 @@ def _patience() -> float:
 PATIENCE = _patience()
 
 
-async def until(
-    what: str, check: Any, *, done: Callable[[Any], object] = bool, within: float = 30, every: float = 0.2
-) -> Any:
+def _within(helper: Callable[..., Any]) -> float:
+    default: float = inspect.signature(helper).parameters["within"].default
+    return default
+
+
+async def until(what: str, check: Any, *, within: float = _within(waiting.until), **kw: Any) -> Any:
     """:func:`respawn.waiting.until`, its deadline stretched by :data:`PATIENCE`."""
-    return await waiting.until(what, check, done=done, within=within * PATIENCE, every=every)
+    return await waiting.until(what, check, within=within * PATIENCE, **kw)
 
 
 def until_sync(
-    what: str,
-    check: Callable[[], T],
-    *,
-    done: Callable[[T], object] = bool,
-    within: float = 60,
-    every: float = 0.2,
+    what: str, check: Callable[[], T], *, within: float = _within(waiting.until_sync), **kw: Any
 ) -> T:
     """:func:`respawn.waiting.until_sync`, its deadline stretched by :data:`PATIENCE`."""
-    return waiting.until_sync(what, check, done=done, within=within * PATIENCE, every=every)
+    return waiting.until_sync(what, check, within=within * PATIENCE, **kw)
