@@ -26,6 +26,7 @@ from pathlib import Path
 
 from respawn.testbed import binaries, pki, ports, realnode
 from respawn.testbed.errors import TestbedError
+from respawn.testbed.files import replace_atomically
 from respawn.testbed.process import Proc, pid_alive, start, stop_pid, tail, wait_until
 from respawn.waiting import until_sync
 
@@ -69,9 +70,7 @@ class State:
             "nats_ca_file": str(self.nats_ca_file) if self.nats_ca_file else None,
             "real_node": self.real_node,
         }
-        tmp = self.state_dir / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2))
-        tmp.replace(self.state_dir / STATE_FILE)
+        replace_atomically(self.state_dir / STATE_FILE, json.dumps(data, indent=2))
 
     @classmethod
     def load(cls, state_dir: Path) -> State | None:
@@ -199,9 +198,7 @@ def _seed_training_operator_certs(kubeconfig: Path) -> None:
     for name, data in bundle.items():
         # The directory is the machine's: testbeds started side by side (one per test worker)
         # each write it, and an operator starting meanwhile must never read half a file.
-        tmp = TRAINING_OPERATOR_CERT_DIR / f".{name}.{os.getpid()}.tmp"
-        tmp.write_bytes(data)
-        tmp.replace(TRAINING_OPERATOR_CERT_DIR / name)
+        replace_atomically(TRAINING_OPERATOR_CERT_DIR / name, data)
 
 
 # JobSet's controller defaults and validates JobSets in its admission webhook (the controller

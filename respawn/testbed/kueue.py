@@ -30,6 +30,7 @@ import yaml
 from respawn.testbed import binaries, pki, ports
 from respawn.testbed.cluster import State, _http_ok, kubectl
 from respawn.testbed.errors import TestbedError
+from respawn.testbed.files import replace_atomically
 from respawn.testbed.process import pid_alive, start, stop_pid, tail, wait_until
 
 # The label that puts a namespace in Kueue's reach on the testbed.
@@ -165,9 +166,7 @@ def _seed_metrics_certs(crt: Path, key: Path) -> None:
         METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
         for src, name in ((crt, "tls.crt"), (key, "tls.key")):
             if not (METRICS_CERT_DIR / name).exists():
-                tmp = METRICS_CERT_DIR / f".{name}.{os.getpid()}"
-                shutil.copyfile(src, tmp)
-                tmp.replace(METRICS_CERT_DIR / name)
+                replace_atomically(METRICS_CERT_DIR / name, src.read_bytes())
     except OSError as exc:
         raise TestbedError(
             f"Kueue needs a certificate in {METRICS_CERT_DIR} and it cannot be written ({exc}); "

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from respawn.testbed import binaries, pki
 from respawn.testbed.errors import TestbedError
+from respawn.testbed.files import replace_atomically
 from respawn.testbed.ports import free_port
 from respawn.testbed.process import Proc, pid_alive, start, stop_pid, tail, wait_until
 from respawn.waiting import eventually
@@ -295,9 +296,7 @@ def _record_host(layout: Layout) -> None:
         "sysctls": _read_sysctls(),
         "madeDirs": [str(d) for d in MACHINE_DIRS if not d.exists()],
     }
-    tmp = layout.host_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2))
-    tmp.replace(layout.host_file)
+    replace_atomically(layout.host_file, json.dumps(record, indent=2))
 
 
 def _link_exists(name: str) -> bool:

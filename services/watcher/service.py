@@ -275,6 +275,11 @@ class Publisher:
         entry = self.inflight.get(subject)
         return entry is not None and not entry[1]
 
+    def holds(self, subject: str) -> bool:
+        """Whether the latest state of ``subject`` this publisher sent, or is sending, is an
+        observation (not a tombstone)."""
+        return subject in self.last or self.pending(subject)
+
     async def drain(self) -> None:
         """Wait until every publish submitted so far has finished."""
         while self.inflight:
@@ -734,7 +739,7 @@ class Watcher:
         """A labelled object of a wrapped kind that its AppWrapper does not control (a pod of a
         wrapped Job, when some AppWrapper wraps a Pod) is not published; if its state as a
         component was (its controller changed since), a tombstone replaces it."""
-        if subject and (subject in self.publisher.last or self.publisher.pending(subject)):
+        if subject and self.publisher.holds(subject):
             await self.handle(
                 obj, translate.former_component_observation, ComponentObservation.KIND, deleted=True
             )
@@ -789,7 +794,7 @@ class Watcher:
     def published(self, pod: dict[str, Any]) -> bool:
         """Whether this watcher published the pod's latest state (not a tombstone)."""
         subject = translate.object_subject(pod, PodObservation.KIND)
-        return subject in self.publisher.last or self.publisher.pending(subject)
+        return self.publisher.holds(subject)
 
     async def handle_pod(self, pod: dict[str, Any], *, deleted: bool) -> None:
         """Publish the pod only if its owner chain leads to the AppWrapper its label names; hold

@@ -44,6 +44,7 @@ from shared.messages import (
     PodConditionState,
     PodObservation,
 )
+from shared.ownership import controller_link
 from shared.partitions import partition_of
 from shared.stalls import HEARTBEAT_ANNOTATION, HEARTBEAT_LIMIT
 
@@ -207,19 +208,15 @@ def is_component(obj: Mapping[str, Any]) -> bool:
     of its templates, so controlled by it. The watch of a wrapped kind sees every labelled object
     of that kind; when an AppWrapper wraps a Pod, that is every pod a wrapped Job or PyTorchJob
     made too, and those are observed as pods, not as components as well."""
-    meta = mapping_at(obj, "metadata")
-    name = str_at(meta, "labels", APPWRAPPER_LABEL)
-    owners = meta.get("ownerReferences")
-    for owner in owners if isinstance(owners, list) and name else ():
-        if isinstance(owner, Mapping) and owner.get("controller") is True:
-            api_version = owner.get("apiVersion")
-            return (
-                isinstance(api_version, str)
-                and api_version.split("/", 1)[0] == GROUP
-                and owner.get("kind") == KIND
-                and owner.get("name") == name
-            )
-    return False
+    name = str_at(obj, "metadata", "labels", APPWRAPPER_LABEL)
+    link = controller_link(obj)
+    return bool(
+        name
+        and link is not None
+        and link.api_version.split("/", 1)[0] == GROUP
+        and link.kind == KIND
+        and link.name == name
+    )
 
 
 def component_observation(

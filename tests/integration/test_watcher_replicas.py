@@ -164,7 +164,8 @@ async def differences(js: Any, kubeconfig: Path, namespace: str) -> list[str]:
 def _watched_for_others(observation: Observation) -> bool:
     """A component observation of a kind other than Job: the watcher watches every kind that
     some AppWrapper on the testbed wraps (other tests' too, Pods among them), and then publishes
-    the labelled objects of that kind here as well. What this test checks is the Jobs and pods."""
+    the objects of that kind an AppWrapper here controls as well (the pod made a component of
+    its AppWrapper below). What this test checks is the Jobs and pods."""
     return isinstance(observation, ComponentObservation) and observation.kind != "Job"
 
 
