@@ -34,6 +34,7 @@ import nats
 
 from respawn.testbed import cluster, manifests, sim
 from respawn.testbed.cluster import State, kubectl
+from respawn.testbed.errors import TestbedError
 from respawn.testbed.services import SERVICES, ServiceProcess, install_crd, spawn_service
 from shared import subjects
 from shared.appwrapper.constants import APPWRAPPER_LABEL
@@ -88,8 +89,11 @@ def owner(service: str, namespace: str, name: str) -> str:
 
 
 def get(state: State, kind: str) -> list[dict[str, Any]]:
-    out = kubectl(state.kubeconfig, "get", kind, "-n", NAMESPACE, "-o", "json", check=False)
-    return list(json.loads(out.stdout)["items"]) if out.returncode == 0 else []
+    try:
+        listed = sim.get_json(state.kubeconfig, kind, "-n", NAMESPACE)
+    except TestbedError:
+        return []
+    return list(listed["items"])
 
 
 def running(state: State) -> dict[str, list[str]]:

@@ -26,6 +26,7 @@ import yaml
 from respawn.testbed import binaries, realnode
 from respawn.testbed.cluster import State, kubectl, kubectl_binary
 from respawn.testbed.errors import TestbedError
+from respawn.testbed.reads import get_object
 from respawn.testbed.realnode import BuiltImage, build_images
 
 Log = Callable[[str], None]
@@ -115,10 +116,10 @@ def deploy(state: State, *, log: Log = _quiet, timeout: float = 300) -> Rollout:
 
 
 def _workload(kubeconfig: Path, kind: str, name: str) -> dict[str, Any] | None:
-    proc = kubectl(kubeconfig, "get", kind, name, "-n", NAMESPACE, "-o", "json", check=False)
-    if proc.returncode != 0:
+    try:
+        obj: dict[str, Any] | None = get_object(kubeconfig, kind, name, "-n", NAMESPACE)
+    except TestbedError:
         return None
-    obj: dict[str, Any] = json.loads(proc.stdout)
     return obj
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from respawn.testbed.cluster import kubectl
+from respawn.testbed.errors import TestbedError
+from respawn.testbed.reads import get_object
 
 SUCCEED_AFTER = "sim.respawn.dev/succeed-after"
 FAIL_AFTER = "sim.respawn.dev/fail-after"
@@ -20,7 +22,12 @@ STUCK_TERMINATING = "sim.respawn.dev/stuck-terminating"
 
 
 def get_json(kubeconfig: Path, *args: str) -> Any:
-    return json.loads(kubectl(kubeconfig, "get", *args, "-o", "json").stdout)
+    """What ``kubectl get <args> -o json`` prints (:func:`~respawn.testbed.reads.get_object`);
+    a missing object is an error here."""
+    found = get_object(kubeconfig, *args)
+    if found is None:
+        raise TestbedError(f"get {' '.join(args)}: (NotFound) no such object")
+    return found
 
 
 def fail_pod(

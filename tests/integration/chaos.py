@@ -9,7 +9,6 @@ the AppWrappers' final status with: 0 lost and 0 duplicated resets.
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 import threading
 from collections import Counter
@@ -20,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from respawn.testbed import manifests, sim
-from respawn.testbed.cluster import kubectl
 from respawn.testbed.errors import TestbedError
 from respawn.testbed.services import ServiceProcess, spawn_service
 from shared.appwrapper.constants import APPWRAPPER_LABEL
@@ -204,10 +202,11 @@ def submit(kubeconfig: Path, p: Plan) -> None:
 
 def items(kubeconfig: Path, kind: str, namespace: str) -> list[dict[str, Any]]:
     """``kubectl get`` of a list; [] while the API server does not answer (it may be restarting)."""
-    proc = kubectl(kubeconfig, "get", kind, "-n", namespace, "-o", "json", check=False)
-    if proc.returncode != 0:
+    try:
+        listed = sim.get_json(kubeconfig, kind, "-n", namespace)
+    except TestbedError:
         return []
-    items: list[dict[str, Any]] = json.loads(proc.stdout)["items"]
+    items: list[dict[str, Any]] = listed["items"]
     return items
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from respawn.testbed import manifests, sim
 from respawn.testbed.cluster import kubectl
+from respawn.testbed.reads import get_object
 from shared.appwrapper.constants import APPWRAPPER_LABEL
 from shared.appwrapper.model import read_appwrapper
 from tests.waiting import until
@@ -37,13 +38,9 @@ def apply(kubeconfig: Path, namespace: str, manifest: dict[str, Any]) -> None:
 def get_appwrapper(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any] | None:
     """The AppWrapper as stored, without its managedFields (noise in a failure message); None
     once it is gone."""
-    proc = kubectl(kubeconfig, "get", "appwrapper", name, "-n", namespace, "-o", "json", check=False)
-    if proc.returncode != 0:
-        if "NotFound" in proc.stderr:
-            return None
-        raise AssertionError(f"reading AppWrapper {namespace}/{name}: {proc.stderr}")
-    body: dict[str, Any] = json.loads(proc.stdout)
-    body["metadata"].pop("managedFields", None)
+    body: dict[str, Any] | None = get_object(kubeconfig, "appwrapper", name, "-n", namespace)
+    if body is not None:
+        body["metadata"].pop("managedFields", None)
     return body
 
 

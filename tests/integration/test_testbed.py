@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from respawn.testbed import manifests, sim
+from respawn.testbed import manifests, reads, sim
 from respawn.testbed.cluster import kubectl
+from respawn.testbed.errors import TestbedError
 from respawn.testbed.modes import Endpoints
 from tests.integration.objects import apply
 from tests.waiting import holds_sync, until_sync
@@ -242,3 +245,40 @@ async def test_jetstream_stream_kv_and_durable_consumer(testbed: Endpoints) -> N
         assert info.config.durable_name == "probe"
     finally:
         await nc.close()
+
+
+def test_reads_without_kubectl_give_what_kubectl_prints(
+    testbed: Endpoints, appwrapper_crd: Path, namespace: str
+) -> None:
+    """``reads.get_object`` answers over one connection what ``kubectl get -o json`` prints:
+    objects, lists (by label and field selector, across namespaces) and a missing object."""
+    kc = testbed.kubeconfig
+    apply(kc, namespace, job("listed", parallelism=2))
+    apply(kc, namespace, manifests.job_appwrapper("wrapped", pods=1))
+    until_sync("the Job's 2 pods", lambda: len(pods(kc, namespace, "app=listed")) == 2)
+    quiet = (
+        ("job", "listed", "-n", namespace),
+        ("namespace", namespace),
+        ("jobs", "-n", namespace),
+        ("pods", "-n", namespace, "-l", "app=listed"),
+        ("pods", "-n", namespace, "--field-selector", "metadata.namespace=" + namespace),
+        ("appwrappers", "-A"),
+        ("aw", "wrapped", "-n", namespace),
+        ("crd", "appwrappers.workload.codeflare.dev"),  # not in the table: through kubectl
+    )
+
+    def both(args: tuple[str, ...]) -> tuple[Any, Any]:
+        return reads.get_object(kc, *args), json.loads(kubectl(kc, "get", *args, "-o", "json").stdout)
+
+    # Pods change while kwok runs them; compare once a read of each way agrees (they must).
+    for args in quiet:
+        mine, theirs = until_sync(
+            f"the same answer to get {' '.join(args)}",
+            functools.partial(both, args),
+            done=lambda r: r[0] == r[1],
+        )
+        assert mine == theirs
+    assert reads.get_object(kc, "pod", "nope", "-n", namespace) is None
+    assert kubectl(kc, "get", "pod", "nope", "-n", namespace, check=False).returncode != 0
+    with pytest.raises(TestbedError, match="nope"):
+        sim.get_json(kc, "pod", "nope", "-n", namespace)

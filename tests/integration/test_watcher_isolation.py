@@ -28,6 +28,7 @@ import msgpack
 import pytest
 from prometheus_client import REGISTRY
 
+from respawn.testbed import sim
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
 from respawn.testbed.nats import NatsServer, start_nats
@@ -179,8 +180,9 @@ async def create(kubeconfig: Path, namespace: str, text: str) -> tuple[str, str]
 def refused_events(kubeconfig: Path, namespace: str, name: str) -> list[dict[str, Any]]:
     """The ObservationRefused Events on the AppWrapper ``name``."""
     selector = f"involvedObject.name={name},reason={service.OBSERVATION_REFUSED_EVENT}"
-    out = kubectl(kubeconfig, "get", "events", "-n", namespace, "--field-selector", selector, "-o", "json")
-    items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
+    items: list[dict[str, Any]] = sim.get_json(
+        kubeconfig, "events", "-n", namespace, "--field-selector", selector
+    )["items"]
     return items
 
 

@@ -9,7 +9,6 @@ and a few seconds."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -100,8 +99,7 @@ def names_split(namespace: str, share: dict[str, frozenset[int]]) -> dict[str, l
 
 
 def items(kubeconfig: Path, kind: str, namespace: str) -> list[dict[str, Any]]:
-    out = kubectl(kubeconfig, "get", kind, "-n", namespace, "-o", "json")
-    found: list[dict[str, Any]] = json.loads(out.stdout)["items"]
+    found: list[dict[str, Any]] = sim.get_json(kubeconfig, kind, "-n", namespace)["items"]
     return found
 
 

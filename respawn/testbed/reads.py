@@ -1,0 +1,299 @@
+"""Reading objects from the API server without starting a kubectl process per read.
+
+The tests and the testbed's helpers poll the API server a few times a second while they wait
+for something (a phase, a pod, a rollout). A ``kubectl get … -o json`` costs about a tenth of a
+CPU-second (the binary starting and reading its discovery cache) where the request itself costs
+a few milliseconds, so on a small machine the polling competed with what it was waiting for.
+:func:`get_object` answers the same reads over one kept-alive HTTPS connection per kubeconfig
+and gives what kubectl would print: the object without its ``managedFields``, or a ``List``
+whose items carry their ``apiVersion`` and ``kind``.
+
+It speaks only what the testbed's kubeconfigs hold (a server, a CA or
+``insecure-skip-tls-verify``, a client certificate or a bearer token) and only the kinds in
+:data:`RESOURCES`; anything else (another kind, an exec credential plugin, a flag it does not
+know) is handed to kubectl, so a caller never needs to know which way a read went.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import http.client
+import json
+import ssl
+import tempfile
+import threading
+import urllib.parse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from respawn.testbed.cluster import kubectl
+from respawn.testbed.errors import TestbedError
+
+__all__ = ["RESOURCES", "Query", "get_object", "parse_get"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Resource:
+    group_version: str  # "v1" for the core group
+    plural: str
+    namespaced: bool
+
+    def base(self) -> str:
+        return (
+            f"/api/{self.group_version}" if "/" not in self.group_version else f"/apis/{self.group_version}"
+        )
+
+
+def _kinds(group_version: str, namespaced: bool, *names: tuple[str, ...]) -> dict[str, Resource]:
+    # Each tuple: plural first, then the singular and kubectl's short names.
+    return {alias: Resource(group_version, aliases[0], namespaced) for aliases in names for alias in aliases}
+
+
+# The kinds read here; kubectl's names for them (plural, singular, short names).
+RESOURCES: dict[str, Resource] = {
+    **_kinds(
+        "v1",
+        True,
+        ("pods", "pod", "po"),
+        ("events", "event", "ev"),
+        ("configmaps", "configmap", "cm"),
+        ("services", "service", "svc"),
+        ("serviceaccounts", "serviceaccount", "sa"),
+        ("secrets", "secret"),
+    ),
+    **_kinds("v1", False, ("nodes", "node", "no"), ("namespaces", "namespace", "ns")),
+    **_kinds("batch/v1", True, ("jobs", "job")),
+    **_kinds(
+        "apps/v1",
+        True,
+        ("deployments", "deployment", "deploy"),
+        ("statefulsets", "statefulset", "sts"),
+        ("daemonsets", "daemonset", "ds"),
+    ),
+    **_kinds("workload.codeflare.dev/v1beta2", True, ("appwrappers", "appwrapper", "aw")),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Query:
+    """One ``kubectl get`` as a request: an object by name, or a list."""
+
+    resource: Resource
+    name: str | None = None
+    namespace: str | None = None  # None: the kubeconfig's namespace ("default")
+    all_namespaces: bool = False
+    label_selector: str | None = None
+    field_selector: str | None = None
+
+    def path(self) -> str:
+        where = ""
+        if self.resource.namespaced and not (self.all_namespaces and self.name is None):
+            where = f"/namespaces/{urllib.parse.quote(self.namespace or 'default', safe='')}"
+        path = f"{self.resource.base()}{where}/{self.resource.plural}"
+        if self.name is not None:
+            return f"{path}/{urllib.parse.quote(self.name, safe='')}"
+        params = {
+            key: value
+            for key, value in (("labelSelector", self.label_selector), ("fieldSelector", self.field_selector))
+            if value
+        }
+        return f"{path}?{urllib.parse.urlencode(params)}" if params else path
+
+
+_VALUED = {
+    "-n": "namespace",
+    "--namespace": "namespace",
+    "-l": "label_selector",
+    "--selector": "label_selector",
+    "--field-selector": "field_selector",
+}
+
+
+def parse_get(args: Sequence[str]) -> Query | None:
+    """The request for ``kubectl get <args> -o json``, or None for what is left to kubectl
+    (a kind not in :data:`RESOURCES`, ``kind/name``, several names, any other flag)."""
+    positional: list[str] = []
+    fields: dict[str, Any] = {}
+    rest = list(args)
+    while rest:
+        arg = rest.pop(0)
+        flag, eq, inline = arg.partition("=")
+        if flag in _VALUED and arg.startswith("-"):
+            if not eq:
+                if not rest:
+                    return None
+                inline = rest.pop(0)
+            fields[_VALUED[flag]] = inline
+        elif arg in ("-A", "--all-namespaces"):
+            fields["all_namespaces"] = True
+        elif arg.startswith("-"):
+            return None
+        else:
+            positional.append(arg)
+    if not 1 <= len(positional) <= 2 or positional[0] not in RESOURCES:
+        return None
+    name = positional[1] if len(positional) == 2 else None
+    if name is not None and fields.keys() & {"label_selector", "field_selector", "all_namespaces"}:
+        return None  # kubectl refuses these with a name; let it say so
+    return Query(RESOURCES[positional[0]], name=name, **fields)
+
+
+@dataclasses.dataclass
+class _Client:
+    """One kept-alive connection to the API server a kubeconfig names."""
+
+    host: str
+    port: int
+    context: ssl.SSLContext
+    headers: dict[str, str]
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    conn: http.client.HTTPSConnection | None = None
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        with self.lock:
+            for attempt in (1, 2):
+                if self.conn is None:
+                    self.conn = http.client.HTTPSConnection(
+                        self.host, self.port, context=self.context, timeout=30
+                    )
+                try:
+                    self.conn.request("GET", path, headers=self.headers)
+                    response = self.conn.getresponse()
+                    return response.status, response.read()
+                except (http.client.HTTPException, ConnectionError) as exc:
+                    # The server closed a kept-alive connection (or restarted): one new connection.
+                    self.conn.close()
+                    self.conn = None
+                    if attempt == 2:
+                        raise TestbedError(f"reading {path} from the API server: {exc}") from exc
+                except OSError as exc:
+                    self.conn.close()
+                    self.conn = None
+                    raise TestbedError(f"reading {path} from the API server: {exc}") from exc
+            raise AssertionError("unreachable")
+
+
+def _data_file(data: str) -> str:
+    # ssl loads certificates and keys only from files; a kubeconfig may embed them.
+    with tempfile.NamedTemporaryFile("wb", prefix="respawn-kubeconfig-", delete=False) as f:
+        f.write(base64.b64decode(data))
+        return f.name
+
+
+def _client_of(kubeconfig: Path) -> _Client | None:
+    """A client for what the kubeconfig's current context names, or None when it holds
+    something only kubectl can use."""
+    try:
+        config = yaml.safe_load(kubeconfig.read_text())
+        contexts = {c["name"]: c["context"] for c in config.get("contexts") or []}
+        context = contexts[config["current-context"]]
+        if context.get("namespace"):
+            return None  # a namespace of its own: kubectl's default for reads without -n
+        cluster = {c["name"]: c["cluster"] for c in config.get("clusters") or []}[context["cluster"]]
+        user = {u["name"]: u.get("user") or {} for u in config.get("users") or []}[context["user"]]
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+        return None
+    if set(cluster) - {
+        "server",
+        "certificate-authority",
+        "certificate-authority-data",
+        "insecure-skip-tls-verify",
+    }:
+        return None
+    if set(user) - {
+        "client-certificate",
+        "client-key",
+        "client-certificate-data",
+        "client-key-data",
+        "token",
+    }:
+        return None
+    url = urllib.parse.urlsplit(str(cluster.get("server", "")))
+    if url.scheme != "https" or not url.hostname or url.path not in ("", "/"):
+        return None
+    if cluster.get("insecure-skip-tls-verify"):
+        ctx = ssl._create_unverified_context()
+    elif "certificate-authority-data" in cluster:
+        ctx = ssl.create_default_context(
+            cadata=base64.b64decode(cluster["certificate-authority-data"]).decode()
+        )
+    elif "certificate-authority" in cluster:
+        ctx = ssl.create_default_context(cafile=cluster["certificate-authority"])
+    else:
+        ctx = ssl.create_default_context()
+    cert = user.get("client-certificate") or (
+        _data_file(user["client-certificate-data"]) if "client-certificate-data" in user else None
+    )
+    key = user.get("client-key") or (
+        _data_file(user["client-key-data"]) if "client-key-data" in user else None
+    )
+    if cert and key:
+        ctx.load_cert_chain(cert, key)
+    headers = {"Accept": "application/json"}
+    if user.get("token"):
+        headers["Authorization"] = f"Bearer {user['token']}"
+    return _Client(url.hostname, url.port or 443, ctx, headers)
+
+
+_clients: dict[tuple[str, int], _Client | None] = {}
+_clients_lock = threading.Lock()
+
+
+def _client(kubeconfig: Path) -> _Client | None:
+    try:
+        key = (str(kubeconfig.resolve()), kubeconfig.stat().st_mtime_ns)
+    except OSError:
+        return None
+    with _clients_lock:
+        if key not in _clients:
+            _clients[key] = _client_of(kubeconfig)
+        return _clients[key]
+
+
+def _without_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    # kubectl leaves them out unless asked (--show-managed-fields).
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
+
+
+def _as_kubectl_prints(query: Query, body: dict[str, Any]) -> dict[str, Any]:
+    if query.name is not None:
+        return _without_managed_fields(body)
+    # A list as kubectl prints it: kind List, each item with its apiVersion and kind.
+    kind = str(body.get("kind", "")).removesuffix("List")
+    items = [
+        _without_managed_fields({"apiVersion": query.resource.group_version, "kind": kind, **item})
+        for item in body.get("items") or []
+    ]
+    return {"apiVersion": "v1", "items": items, "kind": "List", "metadata": {"resourceVersion": ""}}
+
+
+def get_object(kubeconfig: Path, *args: str) -> Any | None:
+    """What ``kubectl get <args> -o json`` prints, parsed; None when the named object does not
+    exist. Raises :class:`TestbedError` for any other failure, as :func:`kubectl` does."""
+    query = parse_get(args)
+    client = _client(kubeconfig) if query is not None else None
+    if query is None or client is None:
+        proc = kubectl(kubeconfig, "get", *args, "-o", "json", check=False)
+        if proc.returncode == 0:
+            return json.loads(proc.stdout)
+        if "(NotFound)" in proc.stderr:
+            return None
+        raise TestbedError(f"kubectl get {' '.join(args)} failed: {proc.stderr.strip()}")
+    status, payload = client.get(query.path())
+    if status == 404 and query.name is not None:
+        return None
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        body = None
+    if status != 200 or not isinstance(body, dict):
+        message = body.get("message") if isinstance(body, dict) else payload[:200].decode(errors="replace")
+        raise TestbedError(f"get {' '.join(args)} failed: {status} {message}")
+    return _as_kubectl_prints(query, body)
