@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from xdist.scheduler import LoadFileScheduling
 
-from respawn.testbed.cluster import kubectl
+from respawn.testbed import kubeapi
 from respawn.testbed.modes import Endpoints, open_testbed
 from tests.groups import HOST_GROUP, group_of
 
@@ -65,6 +65,6 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
 @pytest.fixture
 def namespace(testbed: Endpoints) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:10]}"
-    kubectl(testbed.kubeconfig, "create", "namespace", name)
+    kubeapi.create_namespace(testbed.kubeconfig, name)
     yield name
-    kubectl(testbed.kubeconfig, "delete", "namespace", name, "--wait=false", check=False)
+    kubeapi.delete_namespace(testbed.kubeconfig, name)

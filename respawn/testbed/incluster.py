@@ -26,7 +26,7 @@ import yaml
 from respawn.testbed import binaries, realnode
 from respawn.testbed.cluster import State, kubectl, kubectl_binary
 from respawn.testbed.errors import TestbedError
-from respawn.testbed.reads import get_object
+from respawn.testbed.kubeapi import get_object
 from respawn.testbed.realnode import BuiltImage, build_images
 
 Log = Callable[[str], None]

@@ -12,7 +12,7 @@ from typing import Any
 
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.errors import TestbedError
-from respawn.testbed.reads import get_object
+from respawn.testbed.kubeapi import get_object
 
 SUCCEED_AFTER = "sim.respawn.dev/succeed-after"
 FAIL_AFTER = "sim.respawn.dev/fail-after"
@@ -22,7 +22,7 @@ STUCK_TERMINATING = "sim.respawn.dev/stuck-terminating"
 
 
 def get_json(kubeconfig: Path, *args: str) -> Any:
-    """What ``kubectl get <args> -o json`` prints (:func:`~respawn.testbed.reads.get_object`);
+    """What ``kubectl get <args> -o json`` prints (:func:`~respawn.testbed.kubeapi.get_object`);
     a missing object is an error here."""
     found = get_object(kubeconfig, *args)
     if found is None:

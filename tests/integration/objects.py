@@ -11,7 +11,7 @@ from typing import Any
 
 from respawn.testbed import manifests, sim
 from respawn.testbed.cluster import kubectl
-from respawn.testbed.reads import get_object
+from respawn.testbed.kubeapi import get_object
 from shared.appwrapper.constants import APPWRAPPER_LABEL
 from shared.appwrapper.model import read_appwrapper
 from tests.waiting import until

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from respawn.testbed import manifests, reads, sim
+from respawn.testbed import kubeapi, manifests, sim
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.errors import TestbedError
 from respawn.testbed.modes import Endpoints
@@ -250,7 +250,7 @@ async def test_jetstream_stream_kv_and_durable_consumer(testbed: Endpoints) -> N
 def test_reads_without_kubectl_give_what_kubectl_prints(
     testbed: Endpoints, appwrapper_crd: Path, namespace: str
 ) -> None:
-    """``reads.get_object`` answers over one connection what ``kubectl get -o json`` prints:
+    """``kubeapi.get_object`` answers over one connection what ``kubectl get -o json`` prints:
     objects, lists (by label and field selector, across namespaces) and a missing object."""
     kc = testbed.kubeconfig
     apply(kc, namespace, job("listed", parallelism=2))
@@ -268,7 +268,7 @@ def test_reads_without_kubectl_give_what_kubectl_prints(
     )
 
     def both(args: tuple[str, ...]) -> tuple[Any, Any]:
-        return reads.get_object(kc, *args), json.loads(kubectl(kc, "get", *args, "-o", "json").stdout)
+        return kubeapi.get_object(kc, *args), json.loads(kubectl(kc, "get", *args, "-o", "json").stdout)
 
     # Pods change while kwok runs them; compare once a read of each way agrees (they must).
     for args in quiet:
@@ -278,7 +278,25 @@ def test_reads_without_kubectl_give_what_kubectl_prints(
             done=lambda r: r[0] == r[1],
         )
         assert mine == theirs
-    assert reads.get_object(kc, "pod", "nope", "-n", namespace) is None
+    assert kubeapi.get_object(kc, "pod", "nope", "-n", namespace) is None
     assert kubectl(kc, "get", "pod", "nope", "-n", namespace, check=False).returncode != 0
     with pytest.raises(TestbedError, match="nope"):
         sim.get_json(kc, "pod", "nope", "-n", namespace)
+
+
+def test_a_namespace_made_without_kubectl_is_there_and_goes_when_deleted(testbed: Endpoints) -> None:
+    kc = testbed.kubeconfig
+    name = "made-directly"
+    kubeapi.create_namespace(kc, name)
+    assert (
+        json.loads(kubectl(kc, "get", "namespace", name, "-o", "json").stdout)["status"]["phase"] == "Active"
+    )
+    with pytest.raises(TestbedError, match="already exists"):
+        kubectl(kc, "create", "namespace", name)
+    kubeapi.delete_namespace(kc, name)
+    until_sync(
+        f"namespace {name} deleted",
+        lambda: kubeapi.get_object(kc, "namespace", name),
+        done=lambda ns: ns is None or ns["status"]["phase"] == "Terminating",
+    )
+    kubeapi.delete_namespace(kc, "never-made")  # a clean-up of what is not there is no error

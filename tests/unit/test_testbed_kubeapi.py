@@ -1,4 +1,4 @@
-"""How a ``kubectl get`` becomes an API request (respawn/testbed/reads.py), without a server."""
+"""How a ``kubectl get`` becomes an API request (respawn/testbed/kubeapi.py), without a server."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from respawn.testbed import reads
-from respawn.testbed.reads import RESOURCES, parse_get
+from respawn.testbed import kubeapi
+from respawn.testbed.kubeapi import RESOURCES, parse_get
 
 
 @pytest.mark.parametrize(
@@ -27,6 +27,7 @@ from respawn.testbed.reads import RESOURCES, parse_get
         (("jobs", "-n", "ns"), "/apis/batch/v1/namespaces/ns/jobs"),
         (("deploy", "d", "-n", "ns"), "/apis/apps/v1/namespaces/ns/deployments/d"),
         (("sts", "s", "-n", "ns"), "/apis/apps/v1/namespaces/ns/statefulsets/s"),
+        (("workloads.kueue.x-k8s.io", "-n", "ns"), "/apis/kueue.x-k8s.io/v1beta2/namespaces/ns/workloads"),
     ],
 )
 def test_a_get_of_a_known_kind_becomes_the_request_kubectl_would_make(
@@ -86,7 +87,7 @@ clusters:
 
 
 def test_a_kubeconfig_with_a_token_is_read_here_with_the_token(tmp_path: Path) -> None:
-    client = reads._client_of(_kubeconfig(tmp_path, "    token: abc\n"))
+    client = kubeapi._client_of(_kubeconfig(tmp_path, "    token: abc\n"))
     assert client is not None
     assert (client.host, client.port) == ("127.0.0.1", 6443)
     assert client.headers["Authorization"] == "Bearer abc"
@@ -104,7 +105,7 @@ def test_a_kubeconfig_with_a_token_is_read_here_with_the_token(tmp_path: Path) -
 def test_a_kubeconfig_only_kubectl_understands_is_left_to_kubectl(
     tmp_path: Path, user: str, cluster_extra: str, context_extra: str
 ) -> None:
-    assert reads._client_of(_kubeconfig(tmp_path, user, cluster_extra, context_extra)) is None
+    assert kubeapi._client_of(_kubeconfig(tmp_path, user, cluster_extra, context_extra)) is None
 
 
 def test_a_list_is_given_as_kubectl_prints_it_without_managed_fields() -> None:
@@ -116,7 +117,7 @@ def test_a_list_is_given_as_kubectl_prints_it_without_managed_fields() -> None:
         "metadata": {"resourceVersion": "7"},
         "items": [{"metadata": {"name": "p", "managedFields": [{"manager": "kubelet"}]}}],
     }
-    assert reads._as_kubectl_prints(query, body) == {
+    assert kubeapi._as_kubectl_prints(query, body) == {
         "apiVersion": "v1",
         "kind": "List",
         "metadata": {"resourceVersion": ""},

@@ -1,4 +1,5 @@
-"""Reading objects from the API server without starting a kubectl process per read.
+"""Reading objects from the API server (and making the tests' namespaces) without starting a
+kubectl process each time.
 
 The tests and the testbed's helpers poll the API server a few times a second while they wait
 for something (a phase, a pod, a rollout). A ``kubectl get … -o json`` costs about a tenth of a
@@ -6,7 +7,9 @@ CPU-second (the binary starting and reading its discovery cache) where the reque
 a few milliseconds, so on a small machine the polling competed with what it was waiting for.
 :func:`get_object` answers the same reads over one kept-alive HTTPS connection per kubeconfig
 and gives what kubectl would print: the object without its ``managedFields``, or a ``List``
-whose items carry their ``apiVersion`` and ``kind``.
+whose items carry their ``apiVersion`` and ``kind``. :func:`create_namespace` and
+:func:`delete_namespace` do what ``kubectl create namespace`` and ``kubectl delete namespace
+--wait=false`` do, for the namespace each test makes and drops.
 
 It speaks only what the testbed's kubeconfigs hold (a server, a CA or
 ``insecure-skip-tls-verify``, a client certificate or a bearer token) and only the kinds in
@@ -17,6 +20,7 @@ know) is handed to kubectl, so a caller never needs to know which way a read wen
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import http.client
 import json
@@ -33,7 +37,7 @@ import yaml
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.errors import TestbedError
 
-__all__ = ["RESOURCES", "Query", "get_object", "parse_get"]
+__all__ = ["RESOURCES", "Query", "create_namespace", "delete_namespace", "get_object", "parse_get"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +79,8 @@ RESOURCES: dict[str, Resource] = {
         ("daemonsets", "daemonset", "ds"),
     ),
     **_kinds("workload.codeflare.dev/v1beta2", True, ("appwrappers", "appwrapper", "aw")),
+    # Kueue's (when the testbed runs it) by its full name only: its preferred version.
+    "workloads.kueue.x-k8s.io": Resource("kueue.x-k8s.io/v1beta2", "workloads", True),
 }
 
 
@@ -153,7 +159,11 @@ class _Client:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     conn: http.client.HTTPSConnection | None = None
 
-    def get(self, path: str) -> tuple[int, bytes]:
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        """The status and body of the answer. A request on a connection the server had closed
+        is sent once more on a new one, so it may reach the server twice: the callers' requests
+        are reads, or writes whose repeat they recognise."""
+        headers = self.headers if body is None else {**self.headers, "Content-Type": "application/json"}
         with self.lock:
             for attempt in (1, 2):
                 if self.conn is None:
@@ -161,7 +171,7 @@ class _Client:
                         self.host, self.port, context=self.context, timeout=30
                     )
                 try:
-                    self.conn.request("GET", path, headers=self.headers)
+                    self.conn.request(method, path, body=body, headers=headers)
                     response = self.conn.getresponse()
                     return response.status, response.read()
                 except (http.client.HTTPException, ConnectionError) as exc:
@@ -169,11 +179,11 @@ class _Client:
                     self.conn.close()
                     self.conn = None
                     if attempt == 2:
-                        raise TestbedError(f"reading {path} from the API server: {exc}") from exc
+                        raise TestbedError(f"{method} {path}: {exc}") from exc
                 except OSError as exc:
                     self.conn.close()
                     self.conn = None
-                    raise TestbedError(f"reading {path} from the API server: {exc}") from exc
+                    raise TestbedError(f"{method} {path}: {exc}") from exc
             raise AssertionError("unreachable")
 
 
@@ -286,14 +296,44 @@ def get_object(kubeconfig: Path, *args: str) -> Any | None:
         if "(NotFound)" in proc.stderr:
             return None
         raise TestbedError(f"kubectl get {' '.join(args)} failed: {proc.stderr.strip()}")
-    status, payload = client.get(query.path())
+    status, payload = client.request("GET", query.path())
     if status == 404 and query.name is not None:
         return None
+    try:
+        body = json.loads(payload) if status == 200 else None
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise TestbedError(f"get {' '.join(args)} failed: {status} {_status_message(payload)}")
+    return _as_kubectl_prints(query, body)
+
+
+def _status_message(payload: bytes) -> str:
     try:
         body = json.loads(payload)
     except ValueError:
         body = None
-    if status != 200 or not isinstance(body, dict):
-        message = body.get("message") if isinstance(body, dict) else payload[:200].decode(errors="replace")
-        raise TestbedError(f"get {' '.join(args)} failed: {status} {message}")
-    return _as_kubectl_prints(query, body)
+    return str(body.get("message")) if isinstance(body, dict) else payload[:200].decode(errors="replace")
+
+
+def create_namespace(kubeconfig: Path, name: str) -> None:
+    """``kubectl create namespace <name>``; raises :class:`TestbedError` if it is not made."""
+    client = _client(kubeconfig)
+    if client is None:
+        kubectl(kubeconfig, "create", "namespace", name)
+        return
+    manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    status, payload = client.request("POST", "/api/v1/namespaces", json.dumps(manifest).encode())
+    # 409: a repeat of a create that was made (see _Client.request).
+    if status not in (201, 409):
+        raise TestbedError(f"create namespace {name} failed: {status} {_status_message(payload)}")
+
+
+def delete_namespace(kubeconfig: Path, name: str) -> None:
+    """``kubectl delete namespace <name> --wait=false``, failures ignored (a clean-up)."""
+    client = _client(kubeconfig)
+    if client is None:
+        kubectl(kubeconfig, "delete", "namespace", name, "--wait=false", check=False)
+        return
+    with contextlib.suppress(TestbedError):
+        client.request("DELETE", f"/api/v1/namespaces/{urllib.parse.quote(name, safe='')}")
