@@ -186,12 +186,24 @@ class _Client:
                     raise TestbedError(f"{method} {path}: {exc}") from exc
             raise AssertionError("unreachable")
 
+    def close(self) -> None:
+        with self.lock:
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None
 
-def _data_file(data: str) -> str:
-    # ssl loads certificates and keys only from files; a kubeconfig may embed them.
-    with tempfile.NamedTemporaryFile("wb", prefix="respawn-kubeconfig-", delete=False) as f:
-        f.write(base64.b64decode(data))
-        return f.name
+
+def _load_client_cert(ctx: ssl.SSLContext, user: dict[str, Any]) -> None:
+    cert, key = user.get("client-certificate"), user.get("client-key")
+    if cert and key:
+        ctx.load_cert_chain(cert, key)
+    elif "client-certificate-data" in user and "client-key-data" in user:
+        # ssl loads a certificate and its key only from files; this kubeconfig embeds them.
+        with tempfile.TemporaryDirectory(prefix="respawn-kubeconfig-") as tmp:
+            cert_file, key_file = Path(tmp) / "client.crt", Path(tmp) / "client.key"
+            cert_file.write_bytes(base64.b64decode(user["client-certificate-data"]))
+            key_file.write_bytes(base64.b64decode(user["client-key-data"]))
+            ctx.load_cert_chain(cert_file, key_file)
 
 
 def _client_of(kubeconfig: Path) -> _Client | None:
@@ -225,8 +237,25 @@ def _client_of(kubeconfig: Path) -> _Client | None:
     url = urllib.parse.urlsplit(str(cluster.get("server", "")))
     if url.scheme != "https" or not url.hostname or url.path not in ("", "/"):
         return None
+    try:
+        ctx = _server_context(cluster)
+    except (OSError, ValueError, ssl.SSLError):
+        return None  # kubectl says what is wrong with it
+    try:
+        _load_client_cert(ctx, user)
+    except (OSError, ValueError, ssl.SSLError):
+        return None  # kubectl says what is wrong with them
+    headers = {"Accept": "application/json"}
+    if user.get("token"):
+        headers["Authorization"] = f"Bearer {user['token']}"
+    return _Client(url.hostname, url.port or 443, ctx, headers)
+
+
+def _server_context(cluster: dict[str, Any]) -> ssl.SSLContext:
     if cluster.get("insecure-skip-tls-verify"):
-        ctx = ssl._create_unverified_context()
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
     elif "certificate-authority-data" in cluster:
         ctx = ssl.create_default_context(
             cadata=base64.b64decode(cluster["certificate-authority-data"]).decode()
@@ -235,33 +264,29 @@ def _client_of(kubeconfig: Path) -> _Client | None:
         ctx = ssl.create_default_context(cafile=cluster["certificate-authority"])
     else:
         ctx = ssl.create_default_context()
-    cert = user.get("client-certificate") or (
-        _data_file(user["client-certificate-data"]) if "client-certificate-data" in user else None
-    )
-    key = user.get("client-key") or (
-        _data_file(user["client-key-data"]) if "client-key-data" in user else None
-    )
-    if cert and key:
-        ctx.load_cert_chain(cert, key)
-    headers = {"Accept": "application/json"}
-    if user.get("token"):
-        headers["Authorization"] = f"Bearer {user['token']}"
-    return _Client(url.hostname, url.port or 443, ctx, headers)
+    return ctx
 
 
-_clients: dict[tuple[str, int], _Client | None] = {}
+# One client per kubeconfig file; a file rewritten since (another testbed in its place) gets a
+# new one, and the old connection is closed.
+_clients: dict[str, tuple[int, _Client | None]] = {}
 _clients_lock = threading.Lock()
 
 
 def _client(kubeconfig: Path) -> _Client | None:
     try:
-        key = (str(kubeconfig.resolve()), kubeconfig.stat().st_mtime_ns)
+        path, mtime = str(kubeconfig.resolve()), kubeconfig.stat().st_mtime_ns
     except OSError:
         return None
     with _clients_lock:
-        if key not in _clients:
-            _clients[key] = _client_of(kubeconfig)
-        return _clients[key]
+        known = _clients.get(path)
+        if known is not None and known[0] == mtime:
+            return known[1]
+        if known is not None and known[1] is not None:
+            known[1].close()
+        client = _client_of(kubeconfig)
+        _clients[path] = (mtime, client)
+        return client
 
 
 def _without_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:

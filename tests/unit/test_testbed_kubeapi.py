@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from respawn.testbed import kubeapi
+from respawn.testbed import kubeapi, pki
 from respawn.testbed.kubeapi import RESOURCES, parse_get
 
 
@@ -123,3 +126,30 @@ def test_a_list_is_given_as_kubectl_prints_it_without_managed_fields() -> None:
         "metadata": {"resourceVersion": ""},
         "items": [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}],
     }
+
+
+def test_embedded_certificates_are_loaded_and_leave_no_file_behind(tmp_path: Path) -> None:
+    made = pki.generate(tmp_path / "pki", clients={"admin": ("admin", ("system:masters",))})
+    crt, key = made.client("admin")
+
+    def data(path: Path) -> str:
+        return base64.b64encode(path.read_bytes()).decode()
+
+    before = set(Path(tempfile.gettempdir()).glob("respawn-kubeconfig-*"))
+    user = f"    client-certificate-data: {data(crt)}\n    client-key-data: {data(key)}\n"
+    client = kubeapi._client_of(_kubeconfig(tmp_path, user))
+    assert client is not None
+    assert set(Path(tempfile.gettempdir()).glob("respawn-kubeconfig-*")) == before
+    broken = f"    client-certificate-data: {data(crt)}\n    client-key-data: {data(crt)}\n"
+    assert kubeapi._client_of(_kubeconfig(tmp_path, broken)) is None, "kubectl says what is wrong"
+
+
+def test_a_rewritten_kubeconfig_gets_a_new_client(tmp_path: Path) -> None:
+    path = _kubeconfig(tmp_path, "    token: one\n")
+    first = kubeapi._client(path)
+    assert first is not None and kubeapi._client(path) is first
+    path.write_text(path.read_text().replace("token: one", "token: two"))
+    os.utime(path, ns=(0, path.stat().st_mtime_ns + 1_000_000))
+    second = kubeapi._client(path)
+    assert second is not None and second is not first
+    assert second.headers["Authorization"] == "Bearer two"
