@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ __all__ = [
     "FAST_RESET",
     "apply",
     "events_of",
+    "events_when",
     "get_appwrapper",
     "jobs",
     "labelled_pods",
@@ -85,6 +87,27 @@ def events_of(kubeconfig: Path, namespace: str, name: str) -> list[dict[str, Any
         kubeconfig, "events", "-n", namespace, "--field-selector", selector
     )["items"]
     return items
+
+
+async def events_when(
+    kubeconfig: Path,
+    namespace: str,
+    name: str,
+    what: str,
+    done: Callable[[list[dict[str, Any]]], object],
+    *,
+    within: float = 30,
+) -> list[dict[str, Any]]:
+    """The Kubernetes Events about the AppWrapper ``name`` once ``done`` holds for them. An Event
+    is recorded after the change it tells of (the status a test waits for) and may be read a
+    moment later than that change."""
+    found: list[dict[str, Any]] = await until(
+        f"Events on {namespace}/{name}: {what}",
+        lambda: events_of(kubeconfig, namespace, name),
+        done=done,
+        within=within,
+    )
+    return found
 
 
 def on_nodes(aw: dict[str, Any], nodes: tuple[str, ...]) -> dict[str, Any]:

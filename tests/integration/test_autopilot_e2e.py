@@ -22,7 +22,7 @@ from tests.integration.conftest import ServiceFactory
 from tests.integration.objects import (
     FAST_RESET,
     apply,
-    events_of,
+    events_when,
     get_appwrapper,
     running_pods,
     wait_phase,
@@ -175,8 +175,9 @@ async def test_failed_pod_node_is_excluded_on_retry(
         for f in t.get("matchFields", [])
     ]
     assert {"key": "metadata.name", "operator": "NotIn", "values": [pod["spec"]["nodeName"]]} in fields
-    events = events_of(kc, namespace, "ex")
-    assert any(e["reason"] == "NodesExcluded" for e in events)
+    await events_when(
+        kc, namespace, "ex", "NodesExcluded", lambda es: any(e["reason"] == "NodesExcluded" for e in es)
+    )
 
     await until(
         "opt-out reset",

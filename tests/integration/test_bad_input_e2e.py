@@ -22,7 +22,7 @@ from respawn.testbed.services import ServiceProcess
 from shared.appwrapper import params
 from shared.appwrapper.model import read_appwrapper
 from tests.integration.conftest import ServiceFactory
-from tests.integration.objects import FAST_RESET, apply, events_of, running_pods, wait_phase
+from tests.integration.objects import FAST_RESET, apply, events_when, running_pods, wait_phase
 from tests.waiting import until
 
 pytestmark = pytest.mark.testbed
@@ -100,11 +100,14 @@ async def test_bad_appwrappers_run_or_are_reported_and_a_normal_one_beside_them_
     assert "levels deep" in outcomes["deeper"], outcomes
     for name in ("deep", "oversized", "garbage"):
         await until(f"{name}'s pod running", partial(running_pods, kc, namespace, name), within=60)
-    told = " ".join(
-        e["message"] for e in events_of(kc, namespace, "garbage") if e["reason"] == "InvalidValue"
+    keys = (params.RETRY_LIMIT_ANNOTATION, params.FAILURE_GRACE_PERIOD_ANNOTATION)
+
+    def told(events: list[dict[str, Any]]) -> str:
+        return " ".join(e["message"] for e in events if e["reason"] == "InvalidValue")
+
+    await events_when(
+        kc, namespace, "garbage", f"InvalidValue naming {keys}", lambda es: all(k in told(es) for k in keys)
     )
-    for key in (params.RETRY_LIMIT_ANNOTATION, params.FAILURE_GRACE_PERIOD_ANNOTATION):
-        assert key in told, told
 
     # The normal one beside them: a pod failure is detected and reset, and it succeeds.
     await wait_phase(kc, namespace, "normal", "Running", within=60)

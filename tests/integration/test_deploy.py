@@ -58,7 +58,7 @@ from tests.integration.natsauth_fixtures import AuthNats, client, start_auth_nat
 from tests.integration.objects import (
     FAST_RESET,
     apply,
-    events_of,
+    events_when,
     jobs,
     labelled_pods,
     wait_phase,
@@ -1038,9 +1038,17 @@ async def test_services_with_their_own_accounts_reset_a_failing_appwrapper_until
         done=lambda left: not left,
         within=60,
     )
-    events = events_of(kc, namespace, "doomed")
-    reasons = {e["reason"] for e in events if e.get("source", {}).get("component") == "respawn-lifecycle"}
-    assert {"Resetting", "Failed"} <= reasons, reasons
+
+    def reasons(events: list[dict[str, Any]]) -> set[str]:
+        return {e["reason"] for e in events if e.get("source", {}).get("component") == "respawn-lifecycle"}
+
+    await events_when(
+        kc,
+        namespace,
+        "doomed",
+        "Resetting and Failed from lifecycle",
+        lambda es: {"Resetting", "Failed"} <= reasons(es),
+    )
     assert stack.refusals() == []
 
 

@@ -24,7 +24,7 @@ from tests.integration.conftest import services_on
 from tests.integration.objects import (
     FAST_RESET,
     apply,
-    events_of,
+    events_when,
     get_appwrapper,
     jobs,
     running_pods,
@@ -58,10 +58,13 @@ def status(aw: dict[str, Any] | None) -> Mapping[str, Any]:
     return found if isinstance(found, Mapping) else {}
 
 
-def unhealthy_event(kubeconfig: Path, namespace: str, name: str) -> str:
+async def unhealthy_event(kubeconfig: Path, namespace: str, name: str) -> str:
     """The message of the Unhealthy Event, which repeats the Unhealthy condition's (the condition
     itself is cleared when the reset completes)."""
-    [message] = [e["message"] for e in events_of(kubeconfig, namespace, name) if e["reason"] == "Unhealthy"]
+    events = await events_when(
+        kubeconfig, namespace, name, "Unhealthy", lambda es: any(e["reason"] == "Unhealthy" for e in es)
+    )
+    [message] = [e["message"] for e in events if e["reason"] == "Unhealthy"]
     return str(message)
 
 
@@ -101,7 +104,7 @@ async def test_an_evicted_pod_is_retried_without_counting(
     )
     assert read_appwrapper(again).resetting_count == 0
     assert [j["metadata"]["uid"] for j in jobs(kc, namespace)] != [first_job]
-    assert "Transient (Evicted)" in unhealthy_event(kc, namespace, "evicted")
+    assert "Transient (Evicted)" in await unhealthy_event(kc, namespace, "evicted")
 
     [verdict] = await unhealthy_verdicts(testbed.nats_url, namespace, "evicted")
     assert (verdict.failure_class, verdict.failure_code, verdict.fault_kind) == (
@@ -134,7 +137,7 @@ async def test_an_oom_killed_pod_follows_the_default_table(
         within=40,
     )
     assert status(again).get("transientRetryCount", 0) == 0
-    assert "Unknown (OOMKilled)" in unhealthy_event(kc, namespace, "oom")
+    assert "Unknown (OOMKilled)" in await unhealthy_event(kc, namespace, "oom")
     [verdict] = await unhealthy_verdicts(testbed.nats_url, namespace, "oom")
     assert (verdict.failure_class, verdict.failure_code) == ("Unknown", "OOMKilled")
     assert "by failure table row 15" in verdict.message
@@ -161,8 +164,15 @@ async def test_a_permanent_failure_ends_failed_at_once_without_a_reset(
     assert status(failed).get("transientRetryCount", 0) == 0
     # Failed keeps the Unhealthy condition (no reset clears it).
     assert "Permanent (BadInput)" in str(read_appwrapper(failed).condition("Unhealthy").get("message"))
-    messages = [e["message"] for e in events_of(kc, namespace, "bad-input") if e["reason"] == "Failed"]
-    assert any("permanent failure: not retried" in m for m in messages)
+    await events_when(
+        kc,
+        namespace,
+        "bad-input",
+        "Failed: permanent failure: not retried",
+        lambda es: any(
+            e["reason"] == "Failed" and "permanent failure: not retried" in e["message"] for e in es
+        ),
+    )
 
     events = await lifecycle_events(testbed.nats_url, namespace, "bad-input")
     assert [e for e in events if e.event == "ResetStarted"] == []

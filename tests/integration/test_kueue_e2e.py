@@ -36,7 +36,7 @@ from tests.integration.cli import respawn as respawn_cli
 from tests.integration.conftest import services_on
 from tests.integration.objects import (
     FAST_RESET,
-    events_of,
+    events_when,
     get_appwrapper,
     labelled_pods,
     running_pods,
@@ -505,8 +505,9 @@ async def test_preemption_suspends_a_running_appwrapper_which_resumes_after_the_
             for j in sim.get_json(kc, "jobs", "-n", ns)["items"]
             if j["metadata"]["name"].startswith("background")
         ]
-        reasons = [e["reason"] for e in events_of(kc, ns, "background")]
-        assert "Suspending" in reasons, reasons
+        await events_when(
+            kc, ns, "background", "Suspending", lambda es: "Suspending" in {e["reason"] for e in es}
+        )
         wl = workload_of(kc, ns, "background")
         assert (
             condition(wl, "Preempted").get("status") == "True"
@@ -709,7 +710,7 @@ async def test_with_a_timeout_shorter_than_warmup_kueue_evicts_and_respawn_suspe
     # Kueue's eviction is a suspension for Respawn: everything deleted, no retry used up.
     assert resetting_count(suspended) == 0
     assert condition(suspended, "ResourcesDeployed")["status"] == "False"
-    assert "Suspending" in [e["reason"] for e in events_of(kc, ns, "slow")]
+    await events_when(kc, ns, "slow", "Suspending", lambda es: "Suspending" in {e["reason"] for e in es})
 
 
 async def test_with_warmup_shorter_than_the_timeout_respawn_resets_first_keeping_quota_then_kueue_evicts(

@@ -30,7 +30,7 @@ from tests.integration.conftest import ServiceFactory
 from tests.integration.objects import (
     FAST_RESET,
     apply,
-    events_of,
+    events_when,
     get_appwrapper,
     jobs,
     labelled_pods,
@@ -243,8 +243,8 @@ async def test_pod_failing_once_is_reset_recreated_and_succeeds(
     assert pods[0]["metadata"]["name"] != first[0]["metadata"]["name"]
 
     # Kubernetes Events on the AppWrapper tell the story.
-    reasons = {e["reason"] for e in events_of(kc, namespace, "once")}
-    assert {"Suspended", "Resuming", "Running", "Unhealthy", "Resetting", "Succeeded"} <= reasons
+    told = {"Suspended", "Resuming", "Running", "Unhealthy", "Resetting", "Succeeded"}
+    await events_when(kc, namespace, "once", f"{sorted(told)}", lambda es: told <= {e["reason"] for e in es})
     # And so does the lifecycle stream.
     events = await lifecycle_events(testbed.nats_url, namespace, "once")
     started = [e for e in events if e.event == "ResetStarted"]
@@ -261,8 +261,12 @@ async def test_always_failing_workload_ends_failed_at_the_retry_limit_with_nothi
     failed = await wait_phase(kc, namespace, "doomed", "Failed", within=60)
     assert read_appwrapper(failed).resetting_count == 2
     assert condition(failed, "Unhealthy")["status"] == "True"
-    assert "retry limit of 2 is reached" in " ".join(
-        e["message"] for e in events_of(kc, namespace, "doomed") if e["reason"] == "Failed"
+    await events_when(
+        kc,
+        namespace,
+        "doomed",
+        "Failed: retry limit of 2 is reached",
+        lambda es: any(e["reason"] == "Failed" and "retry limit of 2 is reached" in e["message"] for e in es),
     )
 
     final = await until(
@@ -344,8 +348,10 @@ async def test_stuck_terminating_pod_is_removed_only_by_forceful_deletion(
     assert len(forced) == 1, events
     assert "1 pods (1 stuck terminating)" in forced[0].message
     assert f"ForcefulDeletionGracePeriod of {forceful}s" in forced[0].message
-    reasons = [e["reason"] for e in events_of(kc, namespace, "stuck")]
-    assert reasons.count("ForcefulDeletion") == 1
+    events = await events_when(
+        kc, namespace, "stuck", "ForcefulDeletion", lambda es: "ForcefulDeletion" in {e["reason"] for e in es}
+    )
+    assert [e["reason"] for e in events].count("ForcefulDeletion") == 1
 
 
 async def test_suspend_deletes_everything_and_resume_runs_again(

@@ -22,6 +22,7 @@ from tests.integration.objects import (
     FAST_RESET,
     apply,
     events_of,
+    events_when,
     get_appwrapper,
     jobs,
     labelled_pods,
@@ -108,8 +109,13 @@ async def test_the_stop_annotation_deletes_everything_and_ends_failed_stopped_wi
     assert read_appwrapper(final).phase == "Failed"
     assert jobs(kc, namespace) == []
     assert labelled_pods(kc, namespace, "halt") == []
-    messages = [e["message"] for e in events_of(kc, namespace, "halt") if e["reason"] == "Failed"]
-    assert any("respawn.dev/stop=true" in m for m in messages), messages
+    await events_when(
+        kc,
+        namespace,
+        "halt",
+        "Failed: respawn.dev/stop=true",
+        lambda es: any(e["reason"] == "Failed" and "respawn.dev/stop=true" in e["message"] for e in es),
+    )
     # Nothing retried: no reset was ever started.
     assert "Resetting" not in {e["reason"] for e in events_of(kc, namespace, "halt")}
 

@@ -17,7 +17,7 @@ from services.lifecycle import announcements
 from shared.appwrapper.constants import ANNOUNCED_ANNOTATION
 from tests.integration.conftest import ServiceFactory
 from tests.integration.healthfeed import metric
-from tests.integration.objects import FAST_RESET, apply, events_of, get_appwrapper, wait_phase
+from tests.integration.objects import FAST_RESET, apply, events_when, get_appwrapper, wait_phase
 from tests.integration.test_lifecycle_hardening import announced
 from tests.waiting import until
 
@@ -73,7 +73,14 @@ async def test_a_kill_with_the_record_still_owed_costs_a_re_send_and_no_copy(
         m.phase for m in await announced(testbed.nats_url, namespace, NAME) if m.event == "PhaseChanged"
     ]
     assert phases.count("Resuming") == 1 and phases.count("Running") == 1, phases
-    reasons = [e["reason"] for e in events_of(testbed.kubeconfig, namespace, NAME)]
+    events = await events_when(
+        testbed.kubeconfig,
+        namespace,
+        NAME,
+        "Resuming and Running",
+        lambda es: {"Resuming", "Running"} <= {e["reason"] for e in es},
+    )
+    reasons = [e["reason"] for e in events]
     assert reasons.count("Resuming") == 1 and reasons.count("Running") == 1, reasons
     assert metric(second, "respawn_lifecycle_announced_records_total", outcome="written") >= 1
 
@@ -94,5 +101,10 @@ async def test_an_appwrapper_deleted_before_its_record_was_due_is_never_patched_
     # Its records (Running, then Terminating) were owed and dropped with it, none written.
     assert metric(lifecycle, "respawn_lifecycle_announced_records_total", outcome="written") == 0
     assert metric(lifecycle, "respawn_lifecycle_announced_records_total", outcome="dropped") >= 1
-    reasons = [e["reason"] for e in events_of(testbed.kubeconfig, namespace, NAME)]
-    assert "Terminating" in reasons
+    await events_when(
+        testbed.kubeconfig,
+        namespace,
+        NAME,
+        "Terminating",
+        lambda es: "Terminating" in {e["reason"] for e in es},
+    )
