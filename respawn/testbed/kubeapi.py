@@ -165,7 +165,8 @@ class _Client:
         are reads, or writes whose repeat they recognise."""
         headers = self.headers if body is None else {**self.headers, "Content-Type": "application/json"}
         with self.lock:
-            for attempt in (1, 2):
+            while True:
+                reused = self.conn is not None
                 if self.conn is None:
                     self.conn = http.client.HTTPSConnection(
                         self.host, self.port, context=self.context, timeout=30
@@ -174,17 +175,14 @@ class _Client:
                     self.conn.request(method, path, body=body, headers=headers)
                     response = self.conn.getresponse()
                     return response.status, response.read()
-                except (http.client.HTTPException, ConnectionError) as exc:
-                    # The server closed a kept-alive connection (or restarted): one new connection.
+                except (http.client.HTTPException, OSError) as exc:
                     self.conn.close()
                     self.conn = None
-                    if attempt == 2:
+                    # A kept-alive connection the server has closed meanwhile (idle, restarted)
+                    # fails in many ways (a reset, an EOF in the TLS layer, an empty answer):
+                    # one new connection. A new connection that fails is the answer.
+                    if not reused:
                         raise TestbedError(f"{method} {path}: {exc}") from exc
-                except OSError as exc:
-                    self.conn.close()
-                    self.conn = None
-                    raise TestbedError(f"{method} {path}: {exc}") from exc
-            raise AssertionError("unreachable")
 
     def close(self) -> None:
         with self.lock:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import socket
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -300,3 +302,28 @@ def test_a_namespace_made_without_kubectl_is_there_and_goes_when_deleted(testbed
         done=lambda ns: ns is None or ns["status"]["phase"] == "Terminating",
     )
     kubeapi.delete_namespace(kc, "never-made")  # a clean-up of what is not there is no error
+
+
+def test_a_kept_alive_connection_that_died_is_replaced(testbed: Endpoints, namespace: str) -> None:
+    kc = testbed.kubeconfig
+    assert kubeapi.get_object(kc, "namespace", namespace) is not None
+    client = kubeapi._client(kc)
+    assert client is not None and client.conn is not None and client.conn.sock is not None
+    # What the connection looks like once the server has closed it: the next write or read fails,
+    # with an error of the socket or, as seen in the suite, of the TLS layer.
+    client.conn.sock.shutdown(socket.SHUT_RDWR)
+    assert kubeapi.get_object(kc, "namespace", namespace) is not None
+    assert client.conn is not None
+    real = client.conn.sock
+
+    class ClosedByServer:
+        def sendall(self, _data: bytes) -> None:
+            raise ssl.SSLEOFError(8, "EOF occurred in violation of protocol")
+
+        def close(self) -> None:
+            real.close()
+
+    client.conn.sock = ClosedByServer()
+    assert kubeapi.get_object(kc, "namespace", namespace) is not None
+    kubeapi.create_namespace(kc, f"{namespace}-again")
+    kubeapi.delete_namespace(kc, f"{namespace}-again")
