@@ -23,6 +23,7 @@ __all__ = [
     "events_of",
     "events_when",
     "get_appwrapper",
+    "has_event",
     "jobs",
     "labelled_pods",
     "running_pods",
@@ -87,6 +88,11 @@ def events_of(kubeconfig: Path, namespace: str, name: str) -> list[dict[str, Any
         kubeconfig, "events", "-n", namespace, "--field-selector", selector
     )["items"]
     return items
+
+
+def has_event(reason: str, saying: str = "") -> Callable[[list[dict[str, Any]]], bool]:
+    """Whether Events include one with ``reason`` whose message contains ``saying``."""
+    return lambda events: any(e["reason"] == reason and saying in e.get("message", "") for e in events)
 
 
 async def events_when(

@@ -26,6 +26,7 @@ from tests.integration.objects import (
     apply,
     events_when,
     get_appwrapper,
+    has_event,
     jobs,
     running_pods,
     wait_phase,
@@ -169,9 +170,7 @@ async def test_a_permanent_failure_ends_failed_at_once_without_a_reset(
         namespace,
         "bad-input",
         "Failed: permanent failure: not retried",
-        lambda es: any(
-            e["reason"] == "Failed" and "permanent failure: not retried" in e["message"] for e in es
-        ),
+        has_event("Failed", "permanent failure: not retried"),
     )
 
     events = await lifecycle_events(testbed.nats_url, namespace, "bad-input")

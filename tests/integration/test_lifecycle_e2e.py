@@ -32,6 +32,7 @@ from tests.integration.objects import (
     apply,
     events_when,
     get_appwrapper,
+    has_event,
     jobs,
     labelled_pods,
     running_pods,
@@ -266,7 +267,7 @@ async def test_always_failing_workload_ends_failed_at_the_retry_limit_with_nothi
         namespace,
         "doomed",
         "Failed: retry limit of 2 is reached",
-        lambda es: any(e["reason"] == "Failed" and "retry limit of 2 is reached" in e["message"] for e in es),
+        has_event("Failed", "retry limit of 2 is reached"),
     )
 
     final = await until(

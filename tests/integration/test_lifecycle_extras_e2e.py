@@ -24,6 +24,7 @@ from tests.integration.objects import (
     events_of,
     events_when,
     get_appwrapper,
+    has_event,
     jobs,
     labelled_pods,
     running_pods,
@@ -114,7 +115,7 @@ async def test_the_stop_annotation_deletes_everything_and_ends_failed_stopped_wi
         namespace,
         "halt",
         "Failed: respawn.dev/stop=true",
-        lambda es: any(e["reason"] == "Failed" and "respawn.dev/stop=true" in e["message"] for e in es),
+        has_event("Failed", "respawn.dev/stop=true"),
     )
     # Nothing retried: no reset was ever started.
     assert "Resetting" not in {e["reason"] for e in events_of(kc, namespace, "halt")}
