@@ -28,7 +28,7 @@ from respawn.testbed.services import ServiceProcess
 from shared import subjects
 from shared.appwrapper.model import read_appwrapper
 from shared.bus import MSG_ID_HEADER
-from shared.messages import LifecycleEvent, Verdict
+from shared.messages import AppWrapperObservation, LifecycleEvent, Verdict, decode
 from tests.integration.conftest import services_on
 from tests.integration.objects import FAST_RESET, apply, get_appwrapper, jobs, running_pods, wait_phase
 from tests.integration.observe import Observer
@@ -85,6 +85,14 @@ async def stored(js: Any, subject: str) -> Any:
         return None
 
 
+def pods_ready(msg: Any) -> bool:
+    """An AppWrapper observation whose status says its pods are ready (its last change while
+    it runs)."""
+    body = decode(AppWrapperObservation, msg.data, msg.headers).body
+    conditions = body.get("status", {}).get("conditions", [])
+    return any(c.get("type") == "PodsReady" and c.get("status") == "True" for c in conditions)
+
+
 def restored(msg: Any) -> bool:
     return msg is not None and ":restored:" in (msg.headers or {}).get(MSG_ID_HEADER, "")
 
@@ -105,10 +113,12 @@ async def test_at_their_limits_the_streams_discard_the_oldest_and_nothing_is_los
 
     async with Observer(own_nats.url) as obs:
         js = obs.nc.jetstream()
+        # Only once old has settled: an observation that changes after the fill is published
+        # anew, not restored, as it must be.
         first_seen = await until(
-            "old's AppWrapper and running pod observed",
+            "old's AppWrapper observed with its pods ready, and its pod running",
             lambda: _both(js, old_aw, old_pod),
-            done=lambda pair: all(pair) and b"Running" in pair[1].data,
+            done=lambda pair: all(pair) and pods_ready(pair[0]) and b"Running" in pair[1].data,
         )
         originals = [m.seq for m in first_seen]
 
