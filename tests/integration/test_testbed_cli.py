@@ -99,8 +99,46 @@ def test_up_twice_then_down_leaves_no_process_and_no_port(tmp_path: Path) -> Non
     gone = respawn("local", "status", "--state-dir", str(state_dir), "-o", "json")
     assert gone.returncode == 3
     assert json.loads(gone.stdout)["running"] is False
-    open_ports = [name for name, port in ports.items() if port_open(port)]
+    # A port another testbed on this machine has taken since (tests run in parallel) is not left
+    # open by this one: only a listener that is this testbed's counts.
+    open_ports = [name for name, port in ports.items() if port_open(port) and held_by(port, state_dir)]
     assert open_ports == [], f"ports still open after down: {open_ports}"
+
+
+def listeners(port: int) -> list[int]:
+    """The pids of the processes listening on TCP ``port`` (from /proc: no tool needed)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            # local address "ADDR:PORT" in hex, state 0A is LISTEN, the inode is the tenth field
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
+                inodes.add(f"socket:[{fields[9]}]")
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                pids.append(int(proc.name))
+        except OSError:  # gone meanwhile
+            continue
+    return pids
+
+
+def held_by(port: int, state_dir: Path) -> bool:
+    """Whether a process of the testbed in ``state_dir`` listens on ``port``: its command line or
+    its environment names that directory. A listener that cannot be read counts as the testbed's."""
+    marks = {str(state_dir).encode(), str(state_dir.resolve()).encode()}
+    holders = listeners(port)
+    for pid in holders:
+        try:
+            seen = Path(f"/proc/{pid}/cmdline").read_bytes() + Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return True
+        if any(mark in seen for mark in marks):
+            return True
+    return not holders
 
 
 def environment_of(pid: int) -> dict[str, str]:
