@@ -82,7 +82,13 @@ async def test_a_kill_with_the_record_still_owed_costs_a_re_send_and_no_copy(
     )
     reasons = [e["reason"] for e in events]
     assert reasons.count("Resuming") == 1 and reasons.count("Running") == 1, reasons
-    assert metric(second, "respawn_lifecycle_announced_records_total", outcome="written") >= 1
+    # Counted once the write is answered, a moment after the API server has it.
+    await until(
+        "the record counted as written",
+        lambda: metric(second, "respawn_lifecycle_announced_records_total", outcome="written"),
+        done=lambda written: written >= 1,
+        within=10,
+    )
 
 
 async def test_an_appwrapper_deleted_before_its_record_was_due_is_never_patched_for_it(
@@ -98,9 +104,15 @@ async def test_an_appwrapper_deleted_before_its_record_was_due_is_never_patched_
         done=lambda found: found is None,
         within=60,
     )
-    # Its records (Running, then Terminating) were owed and dropped with it, none written.
+    # Its records (Running, then Terminating) were owed and dropped with it, none written. The
+    # drop is counted as its last pass ends, a moment after the API server let it go.
+    await until(
+        "the owed record counted as dropped",
+        lambda: metric(lifecycle, "respawn_lifecycle_announced_records_total", outcome="dropped"),
+        done=lambda dropped: dropped >= 1,
+        within=10,
+    )
     assert metric(lifecycle, "respawn_lifecycle_announced_records_total", outcome="written") == 0
-    assert metric(lifecycle, "respawn_lifecycle_announced_records_total", outcome="dropped") >= 1
     await events_when(
         testbed.kubeconfig,
         namespace,
