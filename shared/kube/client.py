@@ -24,16 +24,20 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote, urlsplit
 from urllib.request import getproxies_environment, proxy_bypass
 
 import aiohttp
-from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio import config as k8s_config
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared import jsoncodec, metrics
+
+if TYPE_CHECKING:
+    # kubernetes_asyncio is imported when a connection is made (Kube.connect), not with this
+    # module: its client package loads every generated model, a third of a service's imports,
+    # and health and autopilot, which never talk to the API server, import this layer too.
+    from kubernetes_asyncio import client as k8s_client
+    from kubernetes_asyncio.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +278,14 @@ def _decode_deep(raw: bytes | str) -> Any:
     return outcome["value"]
 
 
+def _api_exception() -> type[ApiException]:
+    """kubernetes_asyncio's error class. An ``except`` clause evaluates this only when an error
+    reaches it, by which time a connection (and so the package) exists."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    return ApiException
+
+
 def _error_from(exc: ApiException) -> KubeApiError:
     body: dict[str, Any] = {}
     message = str(exc.reason or "")
@@ -341,6 +353,9 @@ class Kube:
     @classmethod
     async def connect(cls, kubeconfig: str | os.PathLike[str] | None = None, *, qps_pool: int = 64) -> Kube:
         """From ``kubeconfig`` (or $KUBECONFIG); in a pod, from the service account."""
+        from kubernetes_asyncio import client as k8s_client
+        from kubernetes_asyncio import config as k8s_config
+
         configuration = k8s_client.Configuration()
         path = str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG")
         if path:
@@ -415,7 +430,7 @@ class Kube:
                 _request_timeout=seconds,
             )
             raw = await resp.read()
-        except ApiException as exc:
+        except _api_exception() as exc:
             raise _error_from(exc) from exc
         except (TimeoutError, OSError, aiohttp.ClientError) as exc:
             raise _no_answer(method, path, exc) from exc
@@ -444,7 +459,7 @@ class Kube:
                 _preload_content=False,
                 _request_timeout=request_timeout,
             )
-        except ApiException as exc:
+        except _api_exception() as exc:
             raise _error_from(exc) from exc
         except (TimeoutError, OSError, aiohttp.ClientError) as exc:
             raise _no_answer("GET", path, exc) from exc
