@@ -39,11 +39,9 @@ def apply(kubeconfig: Path, namespace: str, manifest: dict[str, Any]) -> None:
 
 
 def get_appwrapper(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any] | None:
-    """The AppWrapper as stored, without its managedFields (noise in a failure message); None
-    once it is gone."""
+    """The AppWrapper as stored, without its managedFields (as kubectl prints it: noise in a
+    failure message); None once it is gone."""
     body: dict[str, Any] | None = get_object(kubeconfig, "appwrapper", name, "-n", namespace)
-    if body is not None:
-        body["metadata"].pop("managedFields", None)
     return body
 
 

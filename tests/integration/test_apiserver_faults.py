@@ -27,6 +27,7 @@ from services.lifecycle.failures import RECONCILE_ERROR_EVENT
 from shared import subjects
 from shared.appwrapper.model import read_appwrapper
 from shared.kube import Kube, KubeApiError
+from shared.kube.client import retry_delay
 from shared.messages import LifecycleEvent
 from tests.integration.conftest import ServiceFactory
 from tests.integration.faultproxy import CUT, DROP, Fault, FaultPolicy, FaultProxy, Tally
@@ -141,12 +142,32 @@ def metric(process: ServiceProcess, name: str) -> float:
     )
 
 
+# What the proxy's faults look like to the Kubernetes layer, and the method of each verb.
+_AS_ERRORS = {
+    "429": KubeApiError(429, "TooManyRequests", "", retry_after=1.0),
+    "500": KubeApiError(500, "InternalError", ""),
+    "503": KubeApiError(503, "ServiceUnavailable", ""),
+    DROP: KubeApiError(0, "Unavailable", ""),
+}
+_METHODS = {
+    "get": "GET",
+    "list": "GET",
+    "create": "POST",
+    "update": "PUT",
+    "patch": "PATCH",
+    "delete": "DELETE",
+    "deletecollection": "DELETE",
+}
+
+
 def layer_retryable(tally: Tally) -> collections.Counter[str]:
-    """Per client, the requests the proxy turned away that the Kubernetes layer tries again
-    whatever it is told: a get or a list answered 429, 500 or 503, any request answered 429."""
+    """Per client, the requests the proxy turned away that the Kubernetes layer's own policy
+    (:func:`retry_delay`) tries again. A watch is not among them: starting it again is the
+    service's."""
     out: collections.Counter[str] = collections.Counter()
     for (client, _, verb, outcome), n in tally.counts().items():
-        if outcome == "429" or (verb in ("get", "list") and outcome in ("500", "503")):
+        error, method = _AS_ERRORS.get(outcome), _METHODS.get(verb)
+        if error is not None and method is not None and retry_delay(method, error, 0) is not None:
             out[client] += n
     return out
 
@@ -230,8 +251,8 @@ async def test_workloads_come_out_right_while_the_api_server_fails_a_quarter_of_
     for name, process in processes.items():
         assert process.alive(), f"{name} died"
     # The Kubernetes layer tried again what the server turned away, on the services' behalf:
-    # each service whose reads, or whose writes with a 429, were turned away (a watch is the
-    # service's to start again, not the layer's; which requests fail is the luck of the order).
+    # each service that had a request turned away that the layer tries again (which requests
+    # fail is the luck of the order they arrive in).
     tally = proxy.tally
     retryable = layer_retryable(tally)
     assert retryable["lifecycle"] > 0, dict(retryable)

@@ -129,14 +129,14 @@ def listeners(port: int) -> list[int]:
 def held_by(port: int, state_dir: Path) -> bool:
     """Whether a process of the testbed in ``state_dir`` listens on ``port``: its command line or
     its environment names that directory. A listener that cannot be read counts as the testbed's."""
-    marks = {str(state_dir).encode(), str(state_dir.resolve()).encode()}
+    marks = {str(state_dir), str(state_dir.resolve())}
     holders = listeners(port)
     for pid in holders:
         try:
-            seen = Path(f"/proc/{pid}/cmdline").read_bytes() + Path(f"/proc/{pid}/environ").read_bytes()
+            seen = [Path(f"/proc/{pid}/cmdline").read_text(errors="replace"), *environment_of(pid).values()]
         except OSError:
             return True
-        if any(mark in seen for mark in marks):
+        if any(mark in text for mark in marks for text in seen):
             return True
     return not holders
 
