@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import socket
+import tempfile
+import time
 from pathlib import Path
 
 # Where Linux says its ephemeral ports are, and what it uses when it cannot be read.
@@ -16,6 +20,13 @@ _LOWEST = 10_000
 _handed_out: list[int] = []
 _REMEMBERED = 512
 _ATTEMPTS = 200
+# Ports handed out by any process on the machine, one file per port holding the pid that took it.
+# Testbeds started side by side (one per test worker) pick all their ports first and bind them
+# one by one over many seconds; without a shared record, two could pick the same free port and
+# the later one fails with "address already in use". A reservation holds while its process
+# lives, and at most RESERVATION_TTL, by which time the port is bound or was never needed.
+RESERVATIONS = Path(tempfile.gettempdir()) / "respawn-ports"
+RESERVATION_TTL = 600.0
 
 
 def ephemeral_range(text: str | None = None) -> tuple[int, int]:
@@ -56,7 +67,7 @@ def free_port() -> int:
     if span is not None:
         for _ in range(_ATTEMPTS):
             port = random.randint(*span)
-            if port in _handed_out or port_in_use(port):
+            if port in _handed_out or port_in_use(port) or not reserve(port):
                 continue
             _remember(port)
             return port
@@ -65,6 +76,61 @@ def free_port() -> int:
         port = int(s.getsockname()[1])
     _remember(port)
     return port
+
+
+def reserve(port: int, *, directory: Path | None = None, now: float | None = None) -> bool:
+    """Record ``port`` as this process's; False when a live process (not this one) holds it.
+
+    Creating the file is atomic (``O_EXCL``), so of two processes picking the same port at once
+    only one gets it. A reservation whose process is gone, or older than
+    :data:`RESERVATION_TTL`, is replaced. Where no reservation can be written (a read-only
+    temporary directory), the port is taken unrecorded, as before reservations existed.
+    """
+    base = RESERVATIONS if directory is None else directory
+    at = time.time() if now is None else now
+    path = base / str(port)
+    try:
+        base.mkdir(mode=0o1777, parents=True, exist_ok=True)
+    except OSError:
+        return True
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            if _held(path, at):
+                return False
+            with contextlib.suppress(OSError):
+                path.unlink()
+            continue
+        except OSError:
+            return True
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
+
+
+def _held(path: Path, now: float) -> bool:
+    """Whether the reservation at ``path`` still holds: young enough, and its process alive
+    (this process's own counts as not held: it is free to hand the port out again)."""
+    try:
+        age = now - path.stat().st_mtime
+        text = path.read_text(encoding="ascii").strip()
+    except OSError:
+        return False  # removed meanwhile
+    if age > RESERVATION_TTL or not text.isdigit():
+        # A file being written this instant is empty: young, so treat it as held.
+        return not text and age <= RESERVATION_TTL
+    pid = int(text)
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _remember(port: int) -> None:
