@@ -42,6 +42,7 @@ from services.health.state import (
     AppWrapperHealth,
     FailureSettings,
     apply,
+    forget_departed,
     gone,
     node_changes,
     remember_published,
@@ -232,9 +233,23 @@ class HealthService:
             current = self.states.get(key)
             if current is not None:
                 self.states[key] = remember_published(current, v)
+        if state.departed:
+            self.settle_departed(key, state)
         if decision.next_deadline is not None and key in self.states:
             heapq.heappush(self.deadlines, (decision.next_deadline, key))
             self.wake.set()
+
+    def settle_departed(self, key: Key, judged: AppWrapperHealth) -> None:
+        """The failed pods gone before this evaluation have been judged: let them go, and the
+        AppWrapper too if they were all that was known of it."""
+        current = self.states.get(key)
+        if current is None:
+            return
+        current = forget_departed(current, judged)
+        if gone(current):
+            self.forget(key)
+        else:
+            self.states[key] = current
 
     async def evaluate_many(self, keys: list[Key]) -> None:
         """Evaluate AppWrappers concurrently in windows; each one's verdict is independent."""

@@ -44,6 +44,7 @@ __all__ = [
     "Storm",
     "apply",
     "failure_facts",
+    "forget_departed",
     "gone",
     "node_changes",
     "node_state_of",
@@ -156,6 +157,12 @@ class AppWrapperHealth:
     appwrapper: AppWrapperView | None = None
     # Keyed by pod name.
     pods: Mapping[str, PodRecord] = field(default_factory=dict)
+    # Failed pods whose tombstone came before the rules ran since they failed, keyed by uid.
+    # A controller may delete a failed pod at once (KubeRay replaces a failed Ray worker within
+    # milliseconds): the failure and the deletion then arrive together and are folded in before
+    # the next evaluation, which would find no failed pod. Kept until one evaluation has seen
+    # them (forget_departed), so a failure that was observed is judged however soon it went.
+    departed: Mapping[str, PodRecord] = field(default_factory=dict)
     # Keyed by (kind, name), as status.componentStatus names them.
     components: Mapping[tuple[str, str], ComponentRecord] = field(default_factory=dict)
     # Latest Autopilot verdict per resource (e.g. nvidia.com/gpu). Node verdicts are global:
@@ -367,6 +374,8 @@ def _apply_pod(state: AppWrapperHealth, obs: PodObservation) -> AppWrapperHealth
         if previous is not None and previous.uid and obs.ref.uid and previous.uid != obs.ref.uid:
             return state  # the tombstone of an earlier pod with the same name
         pods.pop(name, None)
+        if previous is not None and previous.phase == "Failed" and previous.uid:
+            return replace(state, pods=pods, departed={**state.departed, previous.uid: previous})
         return replace(state, pods=pods)
     same = previous is not None and previous.uid == obs.ref.uid
     observed_at = as_utc(obs.observed_at)
@@ -512,7 +521,17 @@ def gone(state: AppWrapperHealth) -> bool:
     aw, last = state.appwrapper, state.last_verdict
     if last is not None and last.state == "Deleted":
         return aw is None or (aw.deleted and aw.ref.uid in ("", last.ref.uid))
-    return last is None and aw is None and not state.pods and not state.components
+    return last is None and aw is None and not state.pods and not state.components and not state.departed
+
+
+def forget_departed(state: AppWrapperHealth, judged: AppWrapperHealth) -> AppWrapperHealth:
+    """``state`` without the departed pods that ``judged`` (the state an evaluation saw) held:
+    their failure has been judged. Ones that departed since (folded in while a verdict was
+    being published) wait for the next evaluation."""
+    if not judged.departed or not state.departed:
+        return state
+    left = {uid: pod for uid, pod in state.departed.items() if uid not in judged.departed}
+    return replace(state, departed=left) if len(left) != len(state.departed) else state
 
 
 def remember_published(state: AppWrapperHealth, verdict: Verdict) -> AppWrapperHealth:

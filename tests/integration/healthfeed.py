@@ -41,7 +41,9 @@ class Workload:
     def pod(self) -> str:
         return f"{self.name}-0"
 
-    async def publish_pod(self, bus: Bus, *, failed: bool) -> None:
+    async def publish_pod(self, bus: Bus, *, failed: bool, deleted: bool = False) -> None:
+        """The pod Running, or Failed; ``deleted``: its tombstone, as the watcher publishes a
+        deletion (the last state seen, marked deleted)."""
         now = datetime.now(UTC)
         state = (
             ContainerState(name="c", state="terminated", exit_code=1, finished_at=now - timedelta(seconds=1))
@@ -54,6 +56,7 @@ class Workload:
             observed_at=now,
             created_at=now - timedelta(seconds=30),
             phase="Failed" if failed else "Running",
+            deleted=deleted,
             node_name="node-0",
             scheduled=True,
             containers=(state,),

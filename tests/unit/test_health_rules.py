@@ -23,6 +23,7 @@ from services.health.state import (
     Observation,
     apply,
     failure_facts,
+    forget_departed,
     gone,
     node_changes,
     remember_published,
@@ -305,6 +306,68 @@ def test_failed_pod_is_unhealthy_only_after_failure_grace_from_its_finish_time()
     assert u.message.startswith("1 failed pods: p1")
     assert u.seq == 2
     assert after.next_deadline is None
+
+
+def test_a_failed_pod_deleted_before_the_rules_run_is_still_judged_once() -> None:
+    """Its controller deleted it within milliseconds (KubeRay replaces a failed worker so): the
+    failure and the tombstone are folded in together, and the failure is still judged."""
+    no_grace = {FAILURE_GRACE_PERIOD_ANNOTATION: "0s"}
+    state = fold(
+        [
+            aw_obs(annotations=no_grace),
+            pod("p0"),
+            failed_pod("p1", finished_at=T0 + MIN),
+            pod("p1", "Failed", deletion_requested=True),
+            pod("p1", deleted=True),
+        ]
+    )
+    assert "p1" not in state.pods
+    decision = evaluate(state, T0 + MIN)
+    assert decision.verdict is not None
+    assert (decision.verdict.state, decision.verdict.reason) == ("Unhealthy", "FoundFailedPods")
+    assert decision.verdict.message.startswith("1 failed pods: p1")
+
+    judged = forget_departed(decision.state, state)
+    assert judged.departed == {}
+    assert not gone(judged)
+
+
+def test_a_departed_failure_is_judged_by_one_evaluation_only() -> None:
+    """Within the failure grace period the pod is gone by the deadline: as upstream, the
+    AppWrapper is not reset for a failed pod that no longer exists then."""
+    state = fold([aw_obs(), pod("p0"), failed_pod("p1", finished_at=T0 + MIN), pod("p1", deleted=True)])
+    during = evaluate(state, T0 + MIN + SEC)
+    assert during.verdict is not None
+    assert (during.verdict.state, during.verdict.reason) == ("Healthy", "FoundFailedPods")
+    replaced = fold([pod("p2", created_at=T0 + MIN + SEC)], forget_departed(during.state, state))
+    after = evaluate(replaced, T0 + 2 * MIN)
+    assert after.verdict is not None
+    assert (after.verdict.state, after.verdict.reason) == ("Healthy", "")
+
+
+def test_only_the_departed_pods_an_evaluation_saw_are_forgotten() -> None:
+    judged = fold([aw_obs(), failed_pod("p1", finished_at=T0), pod("p1", deleted=True)])
+    later = fold([failed_pod("p2", finished_at=T0), pod("p2", deleted=True)], judged)
+    assert set(forget_departed(later, judged).departed) == {"p2-uid"}
+
+
+@pytest.mark.parametrize("phase", ["Running", "Pending", "Succeeded"])
+def test_only_a_failed_pod_departs_with_its_tombstone(phase: str) -> None:
+    state = fold([aw_obs(), pod("p0", phase), pod("p0", deleted=True)])
+    assert state.departed == {}
+    assert state.pods == {}
+
+
+def test_the_tombstone_of_an_earlier_pod_of_that_name_does_not_depart_the_current_one() -> None:
+    state = fold([aw_obs(), failed_pod("p0", uid="new"), pod("p0", uid="old", deleted=True)])
+    assert state.departed == {}
+    assert state.pods["p0"].uid == "new"
+
+
+def test_departed_failures_alone_keep_an_appwrapper_known() -> None:
+    state = fold([failed_pod("p1", finished_at=T0), pod("p1", deleted=True)])
+    assert not gone(state)
+    assert gone(forget_departed(state, state))
 
 
 def test_without_a_finish_time_the_first_failed_observation_starts_the_clock() -> None:
