@@ -10,6 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from respawn.testbed.process import pid_alive
+
 # Where Linux says its ephemeral ports are, and what it uses when it cannot be read.
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _DEFAULT_EPHEMERAL = (32768, 60999)
@@ -122,15 +124,7 @@ def _held(path: Path, now: float) -> bool:
         # A file being written this instant is empty: young, so treat it as held.
         return not text and age <= RESERVATION_TTL
     pid = int(text)
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid != os.getpid() and pid_alive(pid)
 
 
 def _remember(port: int) -> None:

@@ -16,6 +16,7 @@ from shared.bus import Bus
 from shared.kubetime import format_kube_time
 from shared.messages import AppWrapperObservation, ContainerState, ObjectRef, PodObservation, Verdict, decode
 from tests.nats_fixtures import read_all
+from tests.waiting import until
 
 # Short membership clocks (scaling.heartbeat, scaling.memberTtl), so that a dead replica's share
 # moves within a second.
@@ -80,6 +81,21 @@ class Workload:
             observation,
             msg_id=None,
         )
+
+
+async def healthy(bus: Bus, namespace: str, batch: list[Workload], *, within: float) -> None:
+    """Publish each AppWrapper Running with its pod Running (the pod first: the AppWrapper
+    started a minute ago, and judged without its pod it would be missing it), and wait until
+    health has judged every one healthy, once."""
+    for w in batch:
+        await w.publish_pod(bus, failed=False)
+        await w.publish_appwrapper(bus)
+    await until(
+        "every AppWrapper to be judged healthy",
+        lambda: verdicts(bus, namespace),
+        done=lambda found: shape(found) == {w.name: [("Healthy", "", 1)] for w in batch},
+        within=within,
+    )
 
 
 def workloads(namespace: str, count: int) -> list[Workload]:

@@ -18,7 +18,7 @@ from respawn.testbed.services import ServiceProcess
 from shared import subjects
 from shared.bus import Bus
 from tests.integration.conftest import services_on
-from tests.integration.healthfeed import MEMBERSHIP, Workload, owned, shape, verdicts, workloads
+from tests.integration.healthfeed import MEMBERSHIP, Workload, healthy, owned, shape, verdicts, workloads
 from tests.waiting import holds, until
 
 pytestmark = pytest.mark.nats
@@ -43,17 +43,7 @@ async def test_a_failed_pod_deleted_right_after_its_failure_still_resets_its_app
         within=30,
     )
     batch = workloads("departed", APPWRAPPERS)
-    for w in batch:
-        # The pod first: the AppWrapper started a minute ago, and judged without its pod it
-        # would be missing it.
-        await w.publish_pod(own_bus, failed=False)
-        await w.publish_appwrapper(own_bus)
-    await until(
-        "every AppWrapper to be judged healthy",
-        lambda: verdicts(own_bus, "departed"),
-        done=lambda found: shape(found) == {w.name: [("Healthy", "", 1)] for w in batch},
-        within=30,
-    )
+    await healthy(own_bus, "departed", batch, within=30)
 
     async def fail_and_delete(w: Workload) -> None:
         await w.publish_pod(own_bus, failed=True)

@@ -24,7 +24,17 @@ from shared import subjects
 from shared.bus import Bus
 from shared.partitions import assign
 from tests.integration.conftest import ServiceFactory, services_on
-from tests.integration.healthfeed import MEMBERSHIP, fail, judged, metric, owned, shape, verdicts, workloads
+from tests.integration.healthfeed import (
+    MEMBERSHIP,
+    fail,
+    healthy,
+    judged,
+    metric,
+    owned,
+    shape,
+    verdicts,
+    workloads,
+)
 from tests.waiting import holds, until
 
 pytestmark = pytest.mark.nats
@@ -162,15 +172,7 @@ async def test_a_killed_replicas_partitions_are_judged_by_the_survivor_within_th
     )
     # Running and healthy, each judged once by b.
     victims = [w for w in workloads("victims", 4 * APPWRAPPERS) if w.partition in share["b"]][:20]
-    for w in victims:
-        await w.publish_pod(own_bus, failed=False)
-        await w.publish_appwrapper(own_bus)
-    await until(
-        "b to find every AppWrapper of its share healthy",
-        lambda: verdicts(own_bus, "victims"),
-        done=lambda found: shape(found) == {w.name: [("Healthy", "", 1)] for w in victims},
-        within=10,
-    )
+    await healthy(own_bus, "victims", victims, within=10)
     # b counts a verdict once its publication is acknowledged, a moment after it is stored.
     await until(
         "b to count each of those verdicts once",
