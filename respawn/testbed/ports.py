@@ -120,11 +120,11 @@ def _held(path: Path, now: float) -> bool:
         text = path.read_text(encoding="ascii").strip()
     except OSError:
         return False  # removed meanwhile
-    if age > RESERVATION_TTL or not text.isdigit():
-        # A file being written this instant is empty: young, so treat it as held.
-        return not text and age <= RESERVATION_TTL
-    pid = int(text)
-    return pid != os.getpid() and pid_alive(pid)
+    if age > RESERVATION_TTL:
+        return False
+    if not text:
+        return True  # being written this instant
+    return text.isdigit() and int(text) != os.getpid() and pid_alive(int(text))
 
 
 def _remember(port: int) -> None:

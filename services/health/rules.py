@@ -296,10 +296,12 @@ def _count_pods(state: AppWrapperHealth, start: datetime | None) -> _Pods:
     pending = succeeded = 0
     running: list[PodRecord] = []
     failed: list[PodRecord] = []
-    # Failed pods already deleted count as failed until judged once (AppWrapperHealth.departed).
-    held = {pod.uid for pod in state.pods.values()}
-    departed = [pod for pod in state.departed.values() if pod.uid not in held]
-    for pod in (*state.pods.values(), *departed):
+    pods: Iterable[PodRecord] = state.pods.values()
+    if state.departed:
+        # Failed pods already deleted count as failed until judged once (AppWrapperHealth.departed).
+        held = {pod.uid for pod in state.pods.values()}
+        pods = (*pods, *(pod for pod in state.departed.values() if pod.uid not in held))
+    for pod in pods:
         if not _in_attempt(pod.created_at, pod.observed_at, start):
             continue
         if pod.phase == "Pending":
