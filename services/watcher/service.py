@@ -357,10 +357,16 @@ def now() -> datetime:
 
 @dataclass(slots=True)
 class Held:
-    """A pod whose owner chain is not resolved yet: its latest state, and since when it waits."""
+    """A pod whose owner chain is not resolved yet: its latest state, and since when it waits.
+
+    ``deleted``: the pod failed and was deleted while held (its controller replaces a failed pod
+    at once). Its failure is still published, followed by its tombstone, once its chain is
+    resolved as the AppWrapper's: publishing only the tombstone would let the failure go unseen.
+    """
 
     obj: dict[str, Any]
     since: float
+    deleted: bool = False
 
 
 @dataclass(slots=True)
@@ -806,6 +812,10 @@ class Watcher:
         """
         uid = str_at(pod, "metadata", "uid")
         found = self.attribute(pod)
+        if deleted and found.outcome is Outcome.PENDING and str_at(pod, "status", "phase") == "Failed":
+            # Held until its chain is known, then published as it ended (:meth:`retry_held`).
+            self.hold(uid, pod, deleted=True)
+            return
         if deleted:
             self.release(uid)
             if found.outcome is Outcome.FOREIGN and not self.published(pod):
@@ -814,12 +824,16 @@ class Watcher:
             await self.publish_pod(pod, deleted=True)
             return
         if found.outcome is Outcome.PENDING:
-            held = self.held.get(uid)
-            self.held[uid] = Held(pod, held.since if held is not None else time.monotonic())
-            HELD.set(len(self.held))
-            self.wake.set()
+            self.hold(uid, pod, deleted=False)
             return
         await self.settle(uid, pod, found)
+
+    def hold(self, uid: str, pod: dict[str, Any], *, deleted: bool) -> None:
+        """Hold the pod's latest state until its chain is resolved; it waits since it was first held."""
+        held = self.held.get(uid)
+        self.held[uid] = Held(pod, held.since if held is not None else time.monotonic(), deleted)
+        HELD.set(len(self.held))
+        self.wake.set()
 
     async def settle(self, uid: str, pod: dict[str, Any], found: Attribution) -> None:
         """A pod whose chain is resolved: no longer held; published if it is the AppWrapper's,
@@ -892,11 +906,17 @@ class Watcher:
         found = self.attribute(pod)
         if found.outcome is not Outcome.PENDING:
             await self.settle(uid, pod, found)
+            if held.deleted and found.owned:
+                await self.publish_pod(pod, deleted=True)
             return
         now_ = time.monotonic()
         if self.synced_at is not None and now_ - max(held.since, self.synced_at) >= HOLD_LIMIT:
             self.release(uid)
-            await self.disown(pod, Reason.UNRESOLVED)
+            if held.deleted:
+                # As any deletion not known to be someone else's: its tombstone.
+                await self.publish_pod(pod, deleted=True)
+            else:
+                await self.disown(pod, Reason.UNRESOLVED)
             return
         need = found.need
         # An AppWrapper is not read: the AppWrapper watch brings it (or it is gone).

@@ -35,12 +35,15 @@ from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
+import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
 from respawn.testbed import pki
+from respawn.testbed.cluster import State
+from respawn.testbed.modes import Endpoints
 
-__all__ = ["CUT", "DROP", "Fault", "FaultPolicy", "FaultProxy", "Tally", "request_kind"]
+__all__ = ["CUT", "DROP", "Fault", "FaultPolicy", "FaultProxy", "Tally", "for_testbed", "request_kind"]
 
 # The faults that are no answer: a request dropped unanswered, a watch cut mid-stream. (The
 # others are named by their status code.)
@@ -95,7 +98,8 @@ class FaultPolicy:
     ``cut_rate``: the share of forwarded watches that are cut, ``cut_after`` seconds (uniformly
     between the two bounds) into the stream; ``retry_after``: the ``Retry-After`` of a 429, in
     seconds. ``script``: faults (None: forward) for the first requests, in order, before the
-    generator decides. ``enabled`` False forwards everything.
+    generator decides. ``enabled`` False forwards everything. ``refused``: (resource, verb) pairs
+    answered 503 for as long as they are in it, before anything else is decided.
     """
 
     seed: int = 1
@@ -106,6 +110,7 @@ class FaultPolicy:
     retry_after: int = 1
     script: list[Fault | None] = field(default_factory=list)
     enabled: bool = True
+    refused: set[tuple[str, str]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._random = random.Random(self.seed)
@@ -116,10 +121,22 @@ class FaultPolicy:
         with self._lock:
             self.script.extend(faults)
 
+    def refuse(self, resource: str, verb: str) -> None:
+        """Answer every ``verb`` request on ``resource`` with 503 until :meth:`forward` is called."""
+        with self._lock:
+            self.refused.add((resource, verb))
+
+    def forward(self, resource: str, verb: str) -> None:
+        """Forward ``verb`` requests on ``resource`` again (as the policy decides)."""
+        with self._lock:
+            self.refused.discard((resource, verb))
+
     def decide(self, resource: str, verb: str) -> Fault | None:
         with self._lock:
             if not self.enabled:
                 return None
+            if (resource, verb) in self.refused:
+                return Fault("503")
             if self.script:
                 return self.script.pop(0)
             if self._random.random() < self.rate:
@@ -422,3 +439,13 @@ current-context: fault-proxy
         with contextlib.suppress(Exception):
             upstream.close()
         return response
+
+
+def for_testbed(testbed: Endpoints, policy: FaultPolicy) -> FaultProxy:
+    """A started proxy in front of the testbed's API server. Only the local testbed has one: the
+    proxy authenticates with its admin certificate, so on any other the test is skipped."""
+    if testbed.state_dir is None:
+        pytest.skip("the fault proxy authenticates with the local testbed's admin certificate")
+    state = State.load(testbed.state_dir)
+    assert state is not None, f"no testbed state in {testbed.state_dir}"
+    return FaultProxy(state.api_url, testbed.state_dir, policy).start()

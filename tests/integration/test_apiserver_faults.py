@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from respawn.testbed import manifests, sim
-from respawn.testbed.cluster import State, kubectl
+from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
 from respawn.testbed.services import ServiceProcess
 from services.lifecycle.failures import RECONCILE_ERROR_EVENT
@@ -30,7 +30,7 @@ from shared.kube import Kube, KubeApiError
 from shared.kube.client import retry_delay
 from shared.messages import LifecycleEvent
 from tests.integration.conftest import ServiceFactory
-from tests.integration.faultproxy import CUT, DROP, Fault, FaultPolicy, FaultProxy, Tally
+from tests.integration.faultproxy import CUT, DROP, Fault, FaultPolicy, FaultProxy, Tally, for_testbed
 from tests.integration.objects import (
     FAST_RESET,
     apply,
@@ -58,20 +58,12 @@ RUN_FOR = "30s"
 MAX_REQUEST_RATE = 40.0
 
 
-def started_proxy(testbed: Endpoints, policy: FaultPolicy) -> FaultProxy:
-    if testbed.state_dir is None:
-        pytest.skip("the fault proxy authenticates with the local testbed's admin certificate")
-    state = State.load(testbed.state_dir)
-    assert state is not None, f"no testbed state in {testbed.state_dir}"
-    return FaultProxy(state.api_url, testbed.state_dir, policy).start()
-
-
 @pytest.fixture
 def proxy(testbed: Endpoints) -> Iterator[FaultProxy]:
     """A quarter of the requests fail (429, 500, 503 and, half as often, dropped unanswered), and
     three watches in ten are cut 0.5-3 s in."""
     policy = FaultPolicy(seed=20240611, rate=0.25, cut_rate=0.3, cut_after=(0.5, 3.0))
-    running = started_proxy(testbed, policy)
+    running = for_testbed(testbed, policy)
     yield running
     running.stop()
 
@@ -79,7 +71,7 @@ def proxy(testbed: Endpoints) -> Iterator[FaultProxy]:
 @pytest.fixture
 def scripted(testbed: Endpoints) -> Iterator[FaultProxy]:
     """A proxy that fails only what a test queues (``proxy.policy.queue``)."""
-    running = started_proxy(testbed, FaultPolicy(rate=0.0, cut_rate=0.0))
+    running = for_testbed(testbed, FaultPolicy(rate=0.0, cut_rate=0.0))
     yield running
     running.stop()
 

@@ -306,3 +306,105 @@ async def test_the_resolver_sleeps_until_woken_when_ready_and_holding_nothing_an
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+# ------------------------------------------------------------------ a held pod that fails and goes
+
+
+def failed(pod: dict[str, Any]) -> dict[str, Any]:
+    return {**pod, "status": {"phase": "Failed"}}
+
+
+def job_of(aw: str, aw_uid: str) -> dict[str, Any]:
+    """The component the pods of :func:`labelled_pod` are owned by, controlled by AppWrapper ``aw``."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "namespace": "ns",
+            "name": "j",
+            "uid": "job-uid",
+            "ownerReferences": [
+                {
+                    "apiVersion": "workload.codeflare.dev/v1beta2",
+                    "kind": "AppWrapper",
+                    "name": aw,
+                    "uid": aw_uid,
+                    "controller": True,
+                }
+            ],
+        },
+    }
+
+
+def recording(w: service.Watcher, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, bool]]:
+    """(pod name, phase, deleted) of every pod the watcher publishes, in order."""
+    published: list[tuple[str, str, bool]] = []
+
+    async def publish_pod(pod: dict[str, Any], *, deleted: bool) -> None:
+        published.append((pod["metadata"]["name"], pod["status"]["phase"], deleted))
+
+    monkeypatch.setattr(w, "publish_pod", publish_pod)
+    return published
+
+
+async def held_then_failed_and_deleted(w: service.Watcher) -> dict[str, Any]:
+    """A pod of AppWrapper "aw" whose Job is not known yet: held, then failed, then deleted."""
+    w.appwrapper_uids[("ns", "aw")] = "aw-uid"
+    pod = labelled_pod("ns", "aw", "p")
+    await w.handle_pod(pod, deleted=False)
+    await w.handle_pod(failed(pod), deleted=False)
+    await w.handle_pod(failed(pod), deleted=True)
+    return pod
+
+
+async def test_a_held_pod_that_fails_and_is_deleted_is_published_failed_then_gone_once_its_chain_is_known(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = watcher()
+    published = recording(w, monkeypatch)
+    await held_then_failed_and_deleted(w)
+    # Its chain is not known: neither its failure nor its deletion is published yet.
+    assert published == [] and w.held["uid-p"].deleted
+    w.owners.learn(job_of("aw", "aw-uid"))
+    await w.retry_held("uid-p", w.held["uid-p"])
+    assert published == [("p", "Failed", False), ("p", "Failed", True)]
+    assert not w.held
+
+
+async def test_a_held_pod_deleted_before_it_failed_gets_its_tombstone_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = watcher()
+    published = recording(w, monkeypatch)
+    w.appwrapper_uids[("ns", "aw")] = "aw-uid"
+    pod = labelled_pod("ns", "aw", "p")
+    await w.handle_pod(pod, deleted=False)
+    assert "uid-p" in w.held
+    await w.handle_pod(pod, deleted=True)
+    assert published == [("p", "Running", True)] and not w.held
+
+
+async def test_a_held_pod_that_failed_and_went_but_is_someone_elses_is_not_published(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = watcher()
+    published = recording(w, monkeypatch)
+    await held_then_failed_and_deleted(w)
+    w.owners.learn(job_of("aw", "another-appwrappers-uid"))
+    foreign = metric("respawn_watcher_pods_unattributed_total", reason="other-appwrapper")
+    await w.retry_held("uid-p", w.held["uid-p"])
+    assert published == [] and not w.held
+    assert metric("respawn_watcher_pods_unattributed_total", reason="other-appwrapper") == foreign + 1
+
+
+async def test_a_held_pod_that_failed_and_went_gets_only_its_tombstone_once_given_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = watcher()
+    published = recording(w, monkeypatch)
+    await held_then_failed_and_deleted(w)
+    w.synced_at = 0.0
+    w.held["uid-p"].since = time.monotonic() - service.HOLD_LIMIT
+    await w.retry_held("uid-p", w.held["uid-p"])
+    assert published == [("p", "Failed", True)] and not w.held
