@@ -96,7 +96,15 @@ class ServerClock:
         """``local``: the process's own clock (injected: tests skew it)."""
         self.local = local
         self.window = window
-        self._samples: deque[Bounds] = deque(maxlen=_MAX_SAMPLES)
+        # The samples within the window, oldest first, each by its number and when it was taken.
+        self._samples: deque[tuple[int, datetime | None]] = deque()
+        # The largest lower bound and the smallest upper bound among them, as monotonic queues
+        # (the front is the answer; a bound that a newer, tighter one outranks is dropped): a
+        # sample costs O(1), where intersecting every sample held on each one was a visible share
+        # of lifecycle's CPU (it takes a sample from every create and status write).
+        self._lows: deque[tuple[int, timedelta]] = deque()
+        self._highs: deque[tuple[int, timedelta]] = deque()
+        self._numbers = 0
         self._correction = timedelta(0)
 
     def now(self) -> datetime:
@@ -107,6 +115,10 @@ class ServerClock:
     def offset(self) -> timedelta:
         """What is added to the local clock."""
         return self._correction
+
+    def bounds(self) -> Bounds:
+        """The intersection of the samples held (:func:`bounds_of` of them)."""
+        return Bounds(self._lows[0][1] if self._lows else None, self._highs[0][1] if self._highs else None)
 
     def created(self, created_at: datetime | None, sent: datetime, received: datetime) -> None:
         """An object the server created between ``sent`` and ``received`` (local times) has
@@ -124,14 +136,37 @@ class ServerClock:
 
     def _add(self, sample: Bounds) -> None:
         horizon = sample.at - self.window if sample.at is not None else None
-        while self._samples and horizon is not None and (self._samples[0].at or horizon) < horizon:
-            self._samples.popleft()
-        self._samples.append(sample)
-        combined = bounds_of(self._samples)
+        while self._samples and horizon is not None and (self._samples[0][1] or horizon) < horizon:
+            self._drop_oldest()
+        self._push(sample)
+        if len(self._samples) > _MAX_SAMPLES:
+            self._drop_oldest()
+        combined = self.bounds()
         if not combined.consistent:
             # Contradicting samples: a clock was stepped since the older ones. Start over.
             self._samples.clear()
-            self._samples.append(sample)
-            combined = bounds_of(self._samples)
+            self._lows.clear()
+            self._highs.clear()
+            self._push(sample)
+            combined = self.bounds()
         self._correction = correction(combined)
         OFFSET.set(self._correction.total_seconds())
+
+    def _push(self, sample: Bounds) -> None:
+        number = self._numbers
+        self._numbers += 1
+        self._samples.append((number, sample.at))
+        if sample.low is not None:
+            while self._lows and self._lows[-1][1] <= sample.low:
+                self._lows.pop()
+            self._lows.append((number, sample.low))
+        if sample.high is not None:
+            while self._highs and self._highs[-1][1] >= sample.high:
+                self._highs.pop()
+            self._highs.append((number, sample.high))
+
+    def _drop_oldest(self) -> None:
+        number, _ = self._samples.popleft()
+        for bounds in (self._lows, self._highs):
+            while bounds and bounds[0][0] <= number:
+                bounds.popleft()

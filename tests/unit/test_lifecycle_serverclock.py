@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.lifecycle import serverclock
 from services.lifecycle.serverclock import Bounds, ServerClock, bounds_of, correction
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -115,3 +117,48 @@ def test_bounds_combine_by_intersection_and_the_correction_is_the_lower_bound() 
     assert correction(Bounds(timedelta(seconds=-9), timedelta(seconds=-5))) == timedelta(seconds=-9)
     assert correction(Bounds(timedelta(seconds=-1), timedelta(seconds=1))) == timedelta(0)
     assert correction(Bounds()) == timedelta(0)
+
+
+class NaiveClock:
+    """The estimate by its definition: the samples of the window (at most ``limit``, the newest
+    kept), intersected afresh for every sample; on a contradiction only the newest is kept."""
+
+    def __init__(self, window: timedelta, limit: int) -> None:
+        self.window, self.limit = window, limit
+        self.samples: list[Bounds] = []
+
+    def add(self, sample: Bounds) -> Bounds:
+        assert sample.at is not None
+        self.samples = [s for s in self.samples if s.at is None or s.at >= sample.at - self.window]
+        self.samples = [*self.samples, sample][-self.limit :]
+        if not bounds_of(self.samples).consistent:
+            self.samples = [sample]
+        return bounds_of(self.samples)
+
+
+offsets = st.one_of(st.none(), st.integers(min_value=-5_000, max_value=5_000))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    samples=st.lists(
+        st.tuples(st.integers(min_value=0, max_value=400), offsets, offsets), min_size=1, max_size=60
+    ),
+    limit=st.integers(min_value=1, max_value=8),
+)
+def test_the_estimate_is_the_intersection_of_the_samples_in_the_window(
+    samples: list[tuple[int, int | None, int | None]], limit: int
+) -> None:
+    window = timedelta(seconds=60)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(serverclock, "_MAX_SAMPLES", limit)
+        clock, naive = ServerClock(lambda: T0, window=window), NaiveClock(window, limit)
+        at = T0
+        for gap_s, low_ms, high_ms in samples:
+            at += timedelta(seconds=gap_s / 10)
+            low = None if low_ms is None else timedelta(milliseconds=low_ms)
+            high = None if high_ms is None else timedelta(milliseconds=high_ms)
+            expected = naive.add(Bounds(low, high, at))
+            clock._add(Bounds(low, high, at))
+            assert clock.bounds() == expected
+            assert clock.offset == correction(expected)
