@@ -688,10 +688,17 @@ class Watcher:
         obj.setdefault("apiVersion", ref.api_version)
         obj.setdefault("kind", ref.kind)
         subject = translate.object_subject(obj, observation_kind)
-        if deleted:
-            live.discard(subject)
-        elif subject:
+        # A labelled object of a wrapped kind that no AppWrapper controls is no component: not
+        # live, so that a (re)list tombstones what was published of it while it was one (its
+        # controller went away while no watcher watched it, or while its partition moved).
+        if (
+            subject
+            and not deleted
+            and (observation_kind != ComponentObservation.KIND or translate.is_component(obj))
+        ):
             live.add(subject)
+        else:
+            live.discard(subject)
         # Every replica watches everything (a watch cannot be filtered by a hash of the
         # AppWrapper's name: one watch per kind per replica is the cost), keeps the latest state
         # of every object, and publishes (and attributes, holds, refuses) only what is in its

@@ -160,6 +160,29 @@ async def test_deletes_made_while_the_watcher_was_down_get_tombstones_when_it_st
         assert stored.headers[TTL_HEADER] == ttl_value(OperatorConfig().nats.tombstone_ttl.total_seconds())
 
 
+async def test_a_component_that_left_its_appwrappers_control_while_no_watcher_ran_gets_a_tombstone(
+    testbed: Endpoints, appwrapper_crd: Path, namespace: str, service: ServiceFactory
+) -> None:
+    # The new watcher's list finds the object, but no longer as a component: its stored state
+    # (a component health still counts) must not stand.
+    kc = testbed.kubeconfig
+    watcher = service("watcher")
+    apply(kc, namespace, manifests.job_appwrapper("aw6", suspend=True))
+    apply(kc, namespace, labelled_job(kc, namespace, "aw6-job", "aw6"))
+    subject = subjects.appwrapper_obs(namespace, "aw6", "component", "Job.aw6-job")
+    async with Observer(testbed.nats_url) as obs:
+        await obs.wait_last(OBS, subject, ComponentObservation, lambda m: not m.deleted)
+        watcher.kill()
+        remove = '[{"op": "remove", "path": "/metadata/ownerReferences"}]'
+        kubectl(kc, "patch", "job", "aw6-job", "-n", namespace, "--type=json", "-p", remove)
+        before = await obs.last(OBS, subject, ComponentObservation)
+        assert before is not None and not before.deleted
+
+        service("watcher", instance="2")
+        gone = await obs.wait_last(OBS, subject, ComponentObservation, lambda m: m.deleted)
+        assert gone.ref.name == "aw6-job"
+
+
 async def test_a_pod_that_leaves_its_appwrappers_owner_tree_is_replaced_by_a_tombstone(
     testbed: Endpoints, appwrapper_crd: Path, namespace: str, service: ServiceFactory
 ) -> None:
