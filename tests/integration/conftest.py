@@ -12,6 +12,7 @@ from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
 from respawn.testbed.services import ServiceProcess, spawn_service
 from shared.appwrapper.constants import CRD_NAME
+from tests.integration.faultproxy import FaultPolicy, FaultProxy, for_testbed
 from tests.waiting import until_sync
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,3 +64,12 @@ def service(testbed: Endpoints, tmp_path: Path) -> Iterator[ServiceFactory]:
     """Start Respawn services as separate processes; all are stopped after the test."""
     with services_on(testbed.kubeconfig, testbed.nats_url, tmp_path / "logs") as start:
         yield start
+
+
+@pytest.fixture
+def scripted(testbed: Endpoints) -> Iterator[FaultProxy]:
+    """A fault proxy in front of the testbed's API server that fails only what a test queues
+    (``scripted.policy.queue``) or refuses (``scripted.policy.refuse``)."""
+    running = for_testbed(testbed, FaultPolicy(rate=0.0, cut_rate=0.0))
+    yield running
+    running.stop()

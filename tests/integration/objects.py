@@ -20,6 +20,7 @@ from tests.waiting import until
 __all__ = [
     "FAST_RESET",
     "apply",
+    "deployment_appwrapper",
     "events_of",
     "events_when",
     "get_appwrapper",
@@ -32,6 +33,17 @@ __all__ = [
 
 # Upstream's per-AppWrapper clocks cut to seconds, so that a reset takes seconds, not minutes.
 FAST_RESET = manifests.fault_tolerance(failure_grace="0s", retry_pause="1s", forceful_deletion_grace="5s")
+
+
+def deployment_appwrapper(name: str) -> dict[str, Any]:
+    """An AppWrapper (resetting fast) that wraps a one-replica Deployment ``name``: its pod's
+    controller is a ReplicaSet, which the watcher reads by a GET to attribute the pod."""
+    template = manifests.pod_template(labels={"app": name}, restart_policy="Always")
+    return manifests.appwrapper(
+        name,
+        manifests.component(manifests.deployment(name, replicas=1, template=template)),
+        annotations=FAST_RESET,
+    )
 
 
 def apply(kubeconfig: Path, namespace: str, manifest: dict[str, Any]) -> None:

@@ -68,14 +68,6 @@ def proxy(testbed: Endpoints) -> Iterator[FaultProxy]:
     running.stop()
 
 
-@pytest.fixture
-def scripted(testbed: Endpoints) -> Iterator[FaultProxy]:
-    """A proxy that fails only what a test queues (``proxy.policy.queue``)."""
-    running = for_testbed(testbed, FaultPolicy(rate=0.0, cut_rate=0.0))
-    yield running
-    running.stop()
-
-
 # ------------------------------------------------------------------ the Kubernetes layer
 
 

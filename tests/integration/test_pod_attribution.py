@@ -24,7 +24,14 @@ from shared import subjects
 from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, KIND
 from shared.appwrapper.model import read_appwrapper
 from shared.messages import PodObservation
-from tests.integration.objects import FAST_RESET, apply, get_appwrapper, running_pods, wait_phase
+from tests.integration.objects import (
+    FAST_RESET,
+    apply,
+    deployment_appwrapper,
+    get_appwrapper,
+    running_pods,
+    wait_phase,
+)
 from tests.integration.observe import Observer
 from tests.waiting import holds, until
 
@@ -176,13 +183,7 @@ async def test_a_wrapped_deployments_failed_pod_is_attributed_through_its_replic
     testbed: Endpoints, namespace: str, services: dict[str, ServiceProcess]
 ) -> None:
     kc = testbed.kubeconfig
-    template = manifests.pod_template(labels={"app": "web"}, restart_policy="Always")
-    aw = manifests.appwrapper(
-        "web",
-        manifests.component(manifests.deployment("web", replicas=1, template=template)),
-        annotations=FAST_RESET,
-    )
-    apply(kc, namespace, aw)
+    apply(kc, namespace, deployment_appwrapper("web"))
     await wait_phase(kc, namespace, "web", "Running")
     [first] = await until("the Deployment's pod running", lambda: running_pods(kc, namespace, "web"))
     owners = [o for o in first["metadata"]["ownerReferences"] if o.get("controller")]

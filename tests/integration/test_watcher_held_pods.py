@@ -10,21 +10,20 @@ health and reset the AppWrapper once: its tombstone alone would leave the failur
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from respawn.testbed import manifests, sim
+from respawn.testbed import sim
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
 from shared import subjects
 from shared.appwrapper.model import read_appwrapper
 from shared.messages import PodObservation
 from tests.integration.conftest import ServiceFactory
-from tests.integration.faultproxy import FaultPolicy, FaultProxy, for_testbed
+from tests.integration.faultproxy import FaultProxy
 from tests.integration.healthfeed import metric
-from tests.integration.objects import FAST_RESET, apply, labelled_pods, wait_phase
+from tests.integration.objects import apply, deployment_appwrapper, labelled_pods, wait_phase
 from tests.integration.observe import Observer
 from tests.waiting import until
 
@@ -33,35 +32,21 @@ pytestmark = pytest.mark.testbed
 REPLICASET_GETS = ("replicasets", "get")
 
 
-@pytest.fixture
-def proxy(testbed: Endpoints) -> Iterator[FaultProxy]:
-    """A proxy that forwards everything but what a test refuses."""
-    running = for_testbed(testbed, FaultPolicy(rate=0.0, cut_rate=0.0))
-    yield running
-    running.stop()
-
-
 async def test_a_pod_that_fails_and_is_deleted_while_its_owners_are_read_still_resets_its_appwrapper(
     testbed: Endpoints,
     appwrapper_crd: Path,
     namespace: str,
-    proxy: FaultProxy,
+    scripted: FaultProxy,
     service: ServiceFactory,
     tmp_path: Path,
 ) -> None:
     kc = testbed.kubeconfig
-    proxy.policy.refuse(*REPLICASET_GETS)
-    watcher = service("watcher", env={"KUBECONFIG": str(proxy.kubeconfig(tmp_path, client="watcher"))})
+    scripted.policy.refuse(*REPLICASET_GETS)
+    watcher = service("watcher", env={"KUBECONFIG": str(scripted.kubeconfig(tmp_path, client="watcher"))})
     service("health")
     service("lifecycle")
 
-    template = manifests.pod_template(labels={"app": "web"}, restart_policy="Always")
-    aw = manifests.appwrapper(
-        "web",
-        manifests.component(manifests.deployment("web", replicas=1, template=template)),
-        annotations=FAST_RESET,
-    )
-    apply(kc, namespace, aw)
+    apply(kc, namespace, deployment_appwrapper("web"))
     [first] = await until("the Deployment's pod", lambda: labelled_pods(kc, namespace, "web"), within=60)
     name = first["metadata"]["name"]
     await until(
@@ -69,7 +54,7 @@ async def test_a_pod_that_fails_and_is_deleted_while_its_owners_are_read_still_r
         lambda: metric(watcher, "respawn_watcher_pods_held"),
         done=lambda held: held >= 1,
     )
-    assert proxy.tally.counts()[("watcher", *REPLICASET_GETS, "503")] >= 1
+    assert scripted.tally.counts()[("watcher", *REPLICASET_GETS, "503")] >= 1
 
     sim.fail_pod(kc, namespace, name, exit_code=1)
     kubectl(kc, "delete", "pod", name, "-n", namespace, "--grace-period=0", "--force", "--wait=false")
@@ -84,7 +69,7 @@ async def test_a_pod_that_fails_and_is_deleted_while_its_owners_are_read_still_r
         assert await obs.last(subjects.OBSERVATIONS_STREAM, subject, PodObservation) is None
     assert read_appwrapper(await wait_phase(kc, namespace, "web", "Running", within=60)).resetting_count == 0
 
-    proxy.policy.forward(*REPLICASET_GETS)
+    scripted.policy.forward(*REPLICASET_GETS)
     resetting = await wait_phase(kc, namespace, "web", "Resetting", within=40)
     status = read_appwrapper(resetting)
     assert status.resetting_count == 1
