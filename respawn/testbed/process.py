@@ -11,7 +11,7 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,14 +99,26 @@ def wait_until(
 
 def stop_pid(pid: int, *, timeout: float = 10.0) -> None:
     """SIGTERM the process group, then SIGKILL whatever is left after ``timeout``."""
-    if pid <= 0:
-        return
+    stop_pids([pid], timeout=timeout)
+
+
+def stop_pids(pids: Iterable[int], *, timeout: float = 10.0) -> None:
+    """:func:`stop_pid` for several processes at once: all are told to stop together, so that
+    their graceful shutdowns overlap (one after another, each service's took seconds)."""
+    targets = [pid for pid in pids if pid > 0]
+
+    def all_gone() -> bool:
+        return all(_gone(pid) for pid in targets)
+
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-        if eventually(lambda: _gone(pid), within=timeout if sig == signal.SIGTERM else 5.0):
+        # Only what is still there: a pid already reaped may belong to another process by now.
+        targets = [pid for pid in targets if not _gone(pid)]
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        if eventually(all_gone, within=timeout if sig == signal.SIGTERM else 5.0):
             return
 
 

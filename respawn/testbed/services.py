@@ -8,7 +8,7 @@ import re
 import signal
 import sys
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ from typing import Any
 from respawn.testbed.cluster import Log, State, _http_ok, _quiet, kubectl, wait_for
 from respawn.testbed.errors import TestbedError
 from respawn.testbed.ports import free_port
-from respawn.testbed.process import Proc, pid_alive, start, stop_pid, wait_until
+from respawn.testbed.process import Proc, pid_alive, start, stop_pid, stop_pids, wait_until
 
 SERVICES = ("watcher", "health", "lifecycle", "autopilot")
 # The most replicas of one service `local up --replicas` starts: each is a Python process of
@@ -127,6 +127,11 @@ class ServiceProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         stop_pid(self.proc.pid, timeout=2)
+
+
+def stop_all(processes: Iterable[ServiceProcess]) -> None:
+    """Stop several services together: their graceful shutdowns overlap."""
+    stop_pids([sp.proc.pid for sp in processes])
 
 
 def process_name(service: str, instance: str = "") -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import nats.aio.client
 import nats.errors
 
 from shared.bus.backoff import backoff, delay
@@ -269,6 +270,28 @@ def connect_options(
     return options
 
 
+class Client(nats.aio.client.Client):
+    """nats-py's client, with its answer to a server PONG made safe.
+
+    Each flush sends a PING and waits on a future queued for its PONG; PONGs come back in order.
+    A flush that was cancelled (its caller was, or its own timeout ran out) leaves its future
+    queued, cancelled, and nats-py's reader then calls ``set_result`` on it when that PONG
+    arrives: the InvalidStateError ends the reading task for good, and from then on no
+    message, acknowledgement or reply reaches the process (every request times out) while
+    the connection looks alive. Lifecycle hit it on the way out, when stopping its consumers
+    cancelled a subscription's drain. Here a PONG still answers its own PING, but a future
+    nobody waits for any more is left alone.
+    """
+
+    async def _process_pong(self) -> None:
+        if self._pongs:
+            future = self._pongs.pop(0)
+            if not future.done():
+                future.set_result(True)
+            self._pongs_received += 1
+            self._pings_outstanding = 0
+
+
 async def open_connection(
     options: Mapping[str, Any],
     *,
@@ -284,7 +307,8 @@ async def open_connection(
     where = servers_text(servers)
     try:
         async with asyncio.timeout(connect_deadline):
-            nc = await nats.connect(**options)
+            nc = Client()
+            await nc.connect(**options)
     except TimeoutError:
         last = state.telling_error or state.last_error or "none"
         raise BusError(

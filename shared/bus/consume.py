@@ -299,6 +299,12 @@ class Consumer(Generic[M]):
             return
         if not self._busy:
             task.cancel()  # idle in fetch or in a retry wait: nothing to lose
+        else:
+            # The handlers under way finish. A keyed loop meanwhile waits for its next messages
+            # (slots are free): it must see that it is stopping now, not when that wait ends
+            # (longer than the grace), or every busy consumer would hold a shutdown up for the
+            # whole grace.
+            self.wake()
         _, pending = await asyncio.wait({task}, timeout=grace)
         if pending:
             log.warning(
@@ -398,6 +404,8 @@ class Consumer(Generic[M]):
             while not self._stopping:
                 await slots.acquire()  # at least one free slot before fetching
                 slots.release()
+                if self._stopping:
+                    break
                 free = self._concurrency - len(self._inflight)
                 msgs = await self._next_batch(max(1, min(self._batch, free)))
                 for msg in msgs:

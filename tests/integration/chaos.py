@@ -20,7 +20,7 @@ from typing import Any
 
 from respawn.testbed import manifests, sim
 from respawn.testbed.errors import TestbedError
-from respawn.testbed.services import ServiceProcess, spawn_service
+from respawn.testbed.services import ServiceProcess, spawn_service, stop_all
 from shared.appwrapper.constants import APPWRAPPER_LABEL
 from shared.appwrapper.model import read_appwrapper
 from tests.integration.objects import FAST_RESET, apply
@@ -83,8 +83,7 @@ class Fleet:
     def stop_all(self) -> None:
         with self._lock:
             procs, self.procs = list(self.procs.values()), {}
-        for sp in procs:
-            sp.stop()
+        stop_all(procs)
 
     def dead(self) -> list[str]:
         """Processes that exited on their own (not killed by the chaos)."""

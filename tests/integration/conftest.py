@@ -10,7 +10,7 @@ import pytest
 
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
-from respawn.testbed.services import ServiceProcess, spawn_service
+from respawn.testbed.services import ServiceProcess, spawn_service, stop_all
 from shared.appwrapper.constants import CRD_NAME
 from tests.integration.faultproxy import FaultPolicy, FaultProxy, for_testbed
 from tests.waiting import until_sync
@@ -55,8 +55,7 @@ def services_on(kubeconfig: Path, nats_url: str, log_dir: Path) -> Iterator[Serv
     try:
         yield start
     finally:
-        for sp in started:
-            sp.stop()
+        stop_all(started)
 
 
 @pytest.fixture

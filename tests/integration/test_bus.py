@@ -413,6 +413,57 @@ async def test_stop_is_prompt_and_readiness_follows(bus: Bus) -> None:
     assert consumer not in bus.consumers
 
 
+async def test_stopping_a_busy_keyed_consumer_waits_for_its_handler_only(bus: Bus) -> None:
+    """A consumer that handles subjects side by side, stopped while a handler runs: it lets the
+    handler finish (its message is acked), then stops at once, not when its wait for more
+    messages would have ended."""
+    ns = f"busystop{uid()}"
+    started, release = asyncio.Event(), asyncio.Event()
+    handled: list[int] = []
+
+    async def handler(msg: Verdict, delivery: Delivery) -> None:
+        started.set()
+        await release.wait()
+        handled.append(msg.seq)
+
+    consumer = await bus.consume(
+        subjects.VERDICTS_STREAM,
+        f"t_{uid()}",
+        subjects.verdict_filter(ns),
+        Verdict,
+        handler,
+        concurrency=4,
+        fetch_timeout=5.0,
+    )
+    await bus.publish(subjects.verdict(ns, "a"), verdict("a", seq=1), msg_id=None)
+    await asyncio.wait_for(started.wait(), 10)
+    stopping = asyncio.create_task(consumer.stop(grace=10.0))
+    await asyncio.sleep(0.2)
+    assert not stopping.done()  # the handler is still under way
+    release.set()
+    released = time.monotonic()
+    await asyncio.wait_for(stopping, 10)
+    assert time.monotonic() - released < 2.0, "stop waited for more than the handler"
+    assert handled == [1]
+    info = await bus.js.consumer_info(subjects.VERDICTS_STREAM, consumer.durable)
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+
+
+async def test_cancelled_flushes_leave_the_connection_working(bus: Bus) -> None:
+    """A flush whose caller is cancelled leaves its PONG to come. nats-py's reader stopped for
+    good on such a PONG, and from then on nothing reached the process: no message, no ack, no
+    reply. The connection must go on working."""
+    for _ in range(3):
+        flush = asyncio.create_task(bus.nc.flush())
+        await asyncio.sleep(0)  # its PING is on its way
+        flush.cancel()
+        await asyncio.gather(flush, return_exceptions=True)
+    await bus.nc.flush(timeout=5)  # a later flush gets its own PONG
+    ns = f"flush{uid()}"
+    published = await bus.publish(subjects.verdict(ns, "a"), verdict("a", seq=1), msg_id=None)
+    assert published.seq > 0  # the stream's acknowledgement, a reply, arrived
+
+
 async def test_a_consumer_fed_one_message_at_a_time_asks_the_server_once_not_per_message(bus: Bus) -> None:
     """One pull request stays outstanding and every message that arrives is handled at once; the
     pull requests are counted on their own subject, as the server receives them."""

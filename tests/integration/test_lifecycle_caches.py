@@ -25,7 +25,7 @@ import pytest
 from respawn.testbed import manifests, sim
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.modes import Endpoints
-from respawn.testbed.services import spawn_service
+from respawn.testbed.services import spawn_service, stop_all
 from services.lifecycle.awcache import AppWrapperCache
 from services.lifecycle.cache import WatchedCache
 from services.lifecycle.componentcache import ComponentCache
@@ -96,8 +96,7 @@ def observers(
     try:
         yield
     finally:
-        for sp in started:
-            sp.stop()
+        stop_all(started)
 
 
 def pods_ready(aw: dict[str, Any] | None) -> bool:

@@ -19,7 +19,7 @@ import pytest
 from respawn.testbed import manifests, sim
 from respawn.testbed.cluster import kubectl, kubectl_binary
 from respawn.testbed.modes import Endpoints
-from respawn.testbed.services import ServiceProcess, spawn_service
+from respawn.testbed.services import ServiceProcess, spawn_service, stop_all
 from shared import subjects
 from shared.appwrapper.constants import APPWRAPPER_LABEL, FINALIZER
 from shared.appwrapper.model import read_appwrapper
@@ -94,8 +94,7 @@ def observers(
             )
         yield
     finally:
-        for sp in started:
-            sp.stop()
+        stop_all(started)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from respawn.testbed import manifests, sim
 from respawn.testbed.modes import Endpoints
-from respawn.testbed.services import ServiceProcess, spawn_service
+from respawn.testbed.services import ServiceProcess, spawn_service, stop_all
 from shared import subjects
 from shared.appwrapper.constants import API_VERSION, APPWRAPPER_LABEL, KIND
 from shared.appwrapper.model import read_appwrapper
@@ -52,8 +52,7 @@ def services(
             )
         yield started
     finally:
-        for sp in started.values():
-            sp.stop()
+        stop_all(started.values())
 
 
 def sample(service: ServiceProcess, name: str, **labels: str) -> float:
