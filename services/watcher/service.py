@@ -691,11 +691,8 @@ class Watcher:
         # A labelled object of a wrapped kind that no AppWrapper controls is no component: not
         # live, so that a (re)list tombstones what was published of it while it was one (its
         # controller went away while no watcher watched it, or while its partition moved).
-        if (
-            subject
-            and not deleted
-            and (observation_kind != ComponentObservation.KIND or translate.is_component(obj))
-        ):
+        not_a_component = observation_kind == ComponentObservation.KIND and not translate.is_component(obj)
+        if subject and not deleted and not not_a_component:
             live.add(subject)
         else:
             live.discard(subject)
@@ -718,7 +715,7 @@ class Watcher:
             and not deleted
             and self.tearing_down(obj, observation_kind)
         ):
-            if observation_kind == ComponentObservation.KIND and not translate.is_component(obj):
+            if not_a_component:
                 await self.not_a_component(obj, subject)
             else:
                 await self.handle(obj, to_message, observation_kind, deleted=deleted)
