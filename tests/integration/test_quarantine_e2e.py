@@ -59,11 +59,16 @@ async def all_running(kc: Path, namespace: str, name: str, count: int) -> list[d
 
 
 async def forget_earlier_verdicts(nats_url: str) -> None:
-    """The session's verdict stream outlives a test: the autopilot started next would replay
-    the infrastructure faults of earlier tests (on the same four nodes) and could quarantine
-    one of them first, taking the one place the cap leaves. Start from an empty stream."""
+    """The session's streams outlive a test: the autopilot started next would replay the
+    infrastructure faults of earlier tests (on the same four nodes) and could quarantine one of
+    them first, taking the one place the cap leaves; and a quarantine an earlier test's
+    autopilot published (quarantine is on by default, for an hour) is still in force for the
+    lifecycle and the autopilot started here. Start from empty streams."""
     async with connected_bus(nats_url) as bus:
         await bus.js.purge_stream(subjects.VERDICTS_STREAM)
+        await bus.js.purge_stream(
+            subjects.NODE_VERDICTS_STREAM, subject=subjects.node_verdict(QUARANTINE_RESOURCE)
+        )
 
 
 async def quarantine_verdict(nats_url: str, check: Any, within: float) -> NodeVerdict:
