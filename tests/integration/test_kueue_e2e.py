@@ -649,10 +649,11 @@ def evicted_for_pods_ready_timeout(wl: dict[str, Any] | None) -> bool:
     return condition(wl, "Evicted").get("reason") == "PodsReadyTimeout"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def pods_ready_timeout(testbed: Endpoints, kueue_state: State) -> Iterator[float]:
     """Kueue restarted with waitForPodsReady on (timeout ``PODS_READY_TIMEOUT``), then back to
-    MLBatch's configuration."""
+    MLBatch's configuration. Once for the module (a restart takes 10-20 s): the tests that use it
+    come last in it, and each has a ClusterQueue of its own."""
     kueue.up(kueue_state, wait_for_pods_ready=f"{PODS_READY_TIMEOUT:g}s", restart=True)
     try:
         yield PODS_READY_TIMEOUT
