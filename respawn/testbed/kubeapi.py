@@ -9,7 +9,10 @@ a few milliseconds, so on a small machine the polling competed with what it was 
 and gives what kubectl would print: the object without its ``managedFields``, or a ``List``
 whose items carry their ``apiVersion`` and ``kind``. :func:`create_namespace` and
 :func:`delete_namespace` do what ``kubectl create namespace`` and ``kubectl delete namespace
---wait=false`` do, for the namespace each test makes and drops.
+--wait=false`` do, for the namespace each test makes and drops, and :func:`merge_patch` what
+``kubectl patch --type=merge`` does (a pod's status as a kubelet writes it, a node's labels),
+:func:`create` what ``kubectl create -f - -o json`` does for one object (an access review), and
+:func:`apply` what ``kubectl apply --server-side`` does for one object of a kind it knows.
 
 It speaks only what the testbed's kubeconfigs hold (a server, a CA or
 ``insecure-skip-tls-verify``, a client certificate or a bearer token) and only the kinds in
@@ -37,7 +40,17 @@ import yaml
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.errors import TestbedError
 
-__all__ = ["RESOURCES", "Query", "create_namespace", "delete_namespace", "get_object", "parse_get"]
+__all__ = [
+    "RESOURCES",
+    "Query",
+    "apply",
+    "create",
+    "create_namespace",
+    "delete_namespace",
+    "get_object",
+    "merge_patch",
+    "parse_get",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,11 +172,13 @@ class _Client:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     conn: http.client.HTTPSConnection | None = None
 
-    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    def request(
+        self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json"
+    ) -> tuple[int, bytes]:
         """The status and body of the answer. A request on a connection the server had closed
         is sent once more on a new one, so it may reach the server twice: the callers' requests
-        are reads, or writes whose repeat they recognise."""
-        headers = self.headers if body is None else {**self.headers, "Content-Type": "application/json"}
+        are reads, writes whose repeat they recognise, or merge patches (the same twice)."""
+        headers = self.headers if body is None else {**self.headers, "Content-Type": content_type}
         with self.lock:
             while True:
                 reused = self.conn is not None
@@ -360,3 +375,94 @@ def delete_namespace(kubeconfig: Path, name: str) -> None:
         return
     with contextlib.suppress(TestbedError):
         client.request("DELETE", f"/api/v1/namespaces/{urllib.parse.quote(name, safe='')}")
+
+
+def merge_patch(
+    kubeconfig: Path,
+    kind: str,
+    name: str,
+    patch: dict[str, Any],
+    *,
+    namespace: str | None = None,
+    subresource: str | None = None,
+) -> None:
+    """``kubectl patch <kind> <name> [-n <namespace>] [--subresource=…] --type=merge -p <patch>``;
+    raises :class:`TestbedError` if the server refuses it (a missing object among others)."""
+    resource = RESOURCES.get(kind)
+    client = _client(kubeconfig) if resource is not None else None
+    body = json.dumps(patch)
+    if resource is None or client is None:
+        args = ["patch", kind, name, *(["-n", namespace] if namespace else [])]
+        args += [*([f"--subresource={subresource}"] if subresource else []), "--type=merge", "-p", body]
+        kubectl(kubeconfig, *args)
+        return
+    path = Query(resource, name=name, namespace=namespace).path()
+    if subresource:
+        path += f"/{urllib.parse.quote(subresource, safe='')}"
+    status, payload = client.request("PATCH", path, body.encode(), "application/merge-patch+json")
+    if status != 200:
+        raise TestbedError(f"patch {kind} {name} failed: {status} {_status_message(payload)}")
+
+
+def create(kubeconfig: Path, obj: dict[str, Any], *, plural: str, namespace: str | None = None) -> Any:
+    """``kubectl create --validate=false -f - -o json`` of ``obj`` (of the resource ``plural`` of
+    its ``apiVersion``): what the server answered, parsed. Raises :class:`TestbedError` if it
+    refuses. Meant for objects whose creation has no lasting effect, or is not repeated by the
+    caller: a request sent again on a new connection (see ``_Client.request``) creates it twice,
+    or is refused as already there."""
+    client = _client(kubeconfig)
+    if client is None:
+        args = [
+            "create",
+            "--validate=false",
+            *(["-n", namespace] if namespace else []),
+            "-f",
+            "-",
+            "-o",
+            "json",
+        ]
+        return json.loads(kubectl(kubeconfig, *args, stdin=json.dumps(obj)).stdout)
+    version = str(obj.get("apiVersion", ""))
+    base = Resource(version, plural, namespace is not None).base()
+    where = f"/namespaces/{urllib.parse.quote(namespace, safe='')}" if namespace is not None else ""
+    status, payload = client.request("POST", f"{base}{where}/{plural}", json.dumps(obj).encode())
+    if status not in (200, 201):
+        raise TestbedError(f"create {obj.get('kind')} failed: {status} {_status_message(payload)}")
+    return json.loads(payload)
+
+
+def _group(group_version: str) -> str:
+    return group_version.rpartition("/")[0] if "/" in group_version else ""
+
+
+def apply(kubeconfig: Path, manifest: dict[str, Any], *, namespace: str | None = None) -> None:
+    """``kubectl apply --server-side --force-conflicts -n <namespace> -f -`` of one object:
+    created if absent, else its fields as ``manifest`` gives them (the testbed's field manager
+    owns them). A kind not in :data:`RESOURCES` (or of another group) goes through
+    ``kubectl apply``. Raises :class:`TestbedError` if the server refuses it."""
+    version = str(manifest.get("apiVersion", ""))
+    resource = RESOURCES.get(str(manifest.get("kind", "")).lower())
+    meta = manifest.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    client = _client(kubeconfig)
+    if (
+        resource is None
+        or _group(resource.group_version) != _group(version)
+        or not isinstance(name, str)
+        or client is None
+    ):
+        args = ["apply", "--server-side", "--force-conflicts", *(["-n", namespace] if namespace else [])]
+        kubectl(kubeconfig, *args, "-f", "-", stdin=json.dumps(manifest))
+        return
+    where = ""
+    if resource.namespaced:
+        where = f"/namespaces/{urllib.parse.quote(namespace or 'default', safe='')}"
+    base = Resource(version, resource.plural, resource.namespaced).base()
+    path = f"{base}{where}/{resource.plural}/{urllib.parse.quote(name, safe='')}"
+    query = urllib.parse.urlencode({"fieldManager": "kubectl", "force": "true"})
+    # JSON is YAML: the apply patch type takes it as it is.
+    status, payload = client.request(
+        "PATCH", f"{path}?{query}", json.dumps(manifest).encode(), "application/apply-patch+yaml"
+    )
+    if status not in (200, 201):
+        raise TestbedError(f"apply {manifest.get('kind')} {name} failed: {status} {_status_message(payload)}")

@@ -5,14 +5,13 @@ They act through the real API, exactly as an outside actor would.
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from respawn.testbed.cluster import kubectl
 from respawn.testbed.errors import TestbedError
-from respawn.testbed.kubeapi import get_object
+from respawn.testbed.kubeapi import get_object, merge_patch
 
 SUCCEED_AFTER = "sim.respawn.dev/succeed-after"
 FAIL_AFTER = "sim.respawn.dev/fail-after"
@@ -94,18 +93,7 @@ def crash_loop_pod(kubeconfig: Path, namespace: str, body: dict[str, Any], resta
 def patch_pod_status(kubeconfig: Path, namespace: str, pod: str, patch: dict[str, Any]) -> None:
     """A merge patch of the pod's status subresource, as a kubelet writes it; the testbed's
     kwok stages never overwrite it."""
-    kubectl(
-        kubeconfig,
-        "patch",
-        "pod",
-        pod,
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps(patch),
-    )
+    merge_patch(kubeconfig, "pod", pod, patch, namespace=namespace, subresource="status")
 
 
 def evict_pod(kubeconfig: Path, namespace: str, pod: str) -> None:
@@ -127,8 +115,7 @@ def evict_pod(kubeconfig: Path, namespace: str, pod: str) -> None:
 
 def label_node(kubeconfig: Path, node: str, key: str, value: str | None) -> None:
     """Set (or with ``value=None`` remove) a node label, e.g. autopilot.ibm.com/gpuhealth=EVICT."""
-    arg = f"{key}-" if value is None else f"{key}={value}"
-    kubectl(kubeconfig, "label", "node", node, arg, "--overwrite")
+    merge_patch(kubeconfig, "node", node, {"metadata": {"labels": {key: value}}})
 
 
 def taint_node(

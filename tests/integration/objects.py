@@ -1,17 +1,17 @@
-"""Submitting AppWrappers to the testbed and following them through kubectl, as a user would
-(test helpers). What an AppWrapper says is read with the services' own reader,
-:func:`shared.appwrapper.model.read_appwrapper`; the manifests come from ``respawn.testbed.manifests``.
+"""Submitting AppWrappers to the testbed and following them, as a user would with kubectl
+(test helpers; the requests go straight to the API server, ``respawn.testbed.kubeapi``). What
+an AppWrapper says is read with the services' own reader,
+:func:`shared.appwrapper.model.read_appwrapper`; the manifests come from
+``respawn.testbed.manifests``.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from respawn.testbed import manifests, sim
-from respawn.testbed.cluster import kubectl
+from respawn.testbed import kubeapi, manifests, sim
 from respawn.testbed.kubeapi import get_object
 from shared.appwrapper.constants import APPWRAPPER_LABEL
 from shared.appwrapper.model import read_appwrapper
@@ -47,7 +47,9 @@ def deployment_appwrapper(name: str) -> dict[str, Any]:
 
 
 def apply(kubeconfig: Path, namespace: str, manifest: dict[str, Any]) -> None:
-    kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
+    """Create or update the object, as ``kubectl apply --server-side`` does (without a kubectl
+    process: :func:`respawn.testbed.kubeapi.apply`)."""
+    kubeapi.apply(kubeconfig, manifest, namespace=namespace)
 
 
 def get_appwrapper(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any] | None:

@@ -304,6 +304,74 @@ def test_a_namespace_made_without_kubectl_is_there_and_goes_when_deleted(testbed
     kubeapi.delete_namespace(kc, "never-made")  # a clean-up of what is not there is no error
 
 
+def test_a_merge_patch_without_kubectl_does_what_kubectl_patch_does(
+    testbed: Endpoints, namespace: str
+) -> None:
+    """``kubeapi.merge_patch``: a pod's status subresource, a node's label set and removed, and
+    a refusal (a missing object) as an error that names it."""
+    kc = testbed.kubeconfig
+    apply(kc, namespace, job("patched", parallelism=1))
+    [pod] = until_sync(
+        "the Job's pod running",
+        lambda: pods(kc, namespace, "app=patched"),
+        done=lambda p: len(p) == 1 and p[0]["status"].get("phase") == "Running",
+    )
+    name = pod["metadata"]["name"]
+    condition = {"type": "PatchedHere", "status": "True", "reason": "Test"}
+    kubeapi.merge_patch(
+        kc, "pod", name, {"status": {"conditions": [condition]}}, namespace=namespace, subresource="status"
+    )
+    found = sim.get_json(kc, "pod", name, "-n", namespace)
+    assert any(c["type"] == "PatchedHere" and c["reason"] == "Test" for c in found["status"]["conditions"])
+
+    node = sim.get_json(kc, "nodes")["items"][0]["metadata"]["name"]
+    key = f"test.respawn.dev/patched-{namespace}"
+    sim.label_node(kc, node, key, "yes")
+    assert sim.get_json(kc, "node", node)["metadata"]["labels"][key] == "yes"
+    sim.label_node(kc, node, key, None)
+    assert key not in sim.get_json(kc, "node", node)["metadata"]["labels"]
+
+    with pytest.raises(TestbedError, match="nope"):
+        kubeapi.merge_patch(kc, "pod", "nope", {"metadata": {"labels": {"a": "b"}}}, namespace=namespace)
+
+
+def test_an_apply_without_kubectl_creates_then_updates_as_kubectl_apply_does(
+    testbed: Endpoints, appwrapper_crd: Path, namespace: str
+) -> None:
+    """``kubeapi.apply``: an AppWrapper created, then applied again with a changed annotation and
+    one left out; a kind it does not know goes through kubectl; a refusal names the object."""
+    kc = testbed.kubeconfig
+    aw = manifests.job_appwrapper("applied", pods=1, annotations={"a.test/x": "1", "a.test/y": "1"})
+    kubeapi.apply(kc, aw, namespace=namespace)
+    first = sim.get_json(kc, "aw", "applied", "-n", namespace)
+    assert {k: v for k, v in first["metadata"]["annotations"].items() if k.startswith("a.test/")} == {
+        "a.test/x": "1",
+        "a.test/y": "1",
+    }
+    aw["metadata"]["annotations"] = {**aw["metadata"]["annotations"], "a.test/x": "2"}
+    del aw["metadata"]["annotations"]["a.test/y"]
+    kubeapi.apply(kc, aw, namespace=namespace)
+    second = sim.get_json(kc, "aw", "applied", "-n", namespace)
+    assert second["metadata"]["uid"] == first["metadata"]["uid"]
+    assert {k: v for k, v in second["metadata"]["annotations"].items() if k.startswith("a.test/")} == {
+        "a.test/x": "2"
+    }
+    # Not in the table: kubectl applies it.
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "q"},
+        "spec": {"hard": {"pods": "5"}},
+    }
+    kubeapi.apply(kc, quota, namespace=namespace)
+    assert json.loads(kubectl(kc, "get", "resourcequota", "q", "-n", namespace, "-o", "json").stdout)["spec"][
+        "hard"
+    ] == {"pods": "5"}
+    bad = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "Not_A_Name"}}
+    with pytest.raises(TestbedError, match="Not_A_Name"):
+        kubeapi.apply(kc, bad, namespace=namespace)
+
+
 def test_a_kept_alive_connection_that_died_is_replaced(testbed: Endpoints, namespace: str) -> None:
     kc = testbed.kubeconfig
     assert kubeapi.get_object(kc, "namespace", namespace) is not None
