@@ -57,10 +57,11 @@ def node_exclusion_hook() -> PodTemplateHook:
 
 
 def quarantine_hook(quarantined: QuarantinedNodes) -> PodTemplateHook:
-    """Keep every pod off the nodes Autopilot quarantined, as they are when the pod is created."""
+    """Keep every pod off the nodes Autopilot quarantined, as they are when the pod is created
+    (a quarantine whose end has passed no longer counts, :meth:`QuarantinedNodes.in_force`)."""
 
     def hook(context: PodTemplateContext, pod_template: dict[str, Any]) -> dict[str, Any]:
-        nodes = sorted(quarantined.nodes)
+        nodes = sorted(quarantined.in_force(context.now))
         spec = _pod_spec(pod_template)
         if nodes and spec is not None:
             pod_template["spec"] = exclude_nodes(spec, nodes)

@@ -856,6 +856,7 @@ class _Reconciliation:
                     pod_sets=_pod_sets(entry),
                     hooks=hooks,
                     annotations={COMPONENT_ANNOTATION: component_identity(uid, started, index)},
+                    now=self.now,
                 )
             except (TemplateError, ValueError) as exc:
                 fatal.append(str(exc))

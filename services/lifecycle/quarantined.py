@@ -4,12 +4,18 @@ Autopilot publishes them as the NoSchedule set of the node verdict of the pseudo
 ``respawn.dev/quarantine``. Lifecycle keeps the latest one in memory and keeps every pod it
 creates or recreates off those nodes (hooks.py), whatever resources the pod uses: a node that
 keeps failing workloads is bad for all of them.
+
+Autopilot ends a quarantine on time by publishing the next verdict. While no autopilot runs
+(every replica down, or scaled to zero), nobody does: a node would stay avoided past its
+quarantine's end for as long as that lasts. So a node whose entry says its quarantine has ended
+(``until`` passed) is not avoided any more, whatever the last verdict's set says.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import datetime
 
 from shared import metrics, subjects
 from shared.bus import Bus, Delivery, Replay, replay_consumer_name
@@ -20,7 +26,7 @@ log = logging.getLogger(__name__)
 
 QUARANTINED = metrics.gauge(
     "respawn_lifecycle_quarantined_nodes",
-    "Quarantined nodes that new pods are kept off (as this replica knows)",
+    "Quarantined nodes of the last quarantine verdict (new pods keep off them until each one's end)",
 )
 
 
@@ -43,6 +49,18 @@ class QuarantinedNodes:
         self._latest = verdict
         self.nodes = frozenset(verdict.no_schedule)
         QUARANTINED.set(len(self.nodes))
+
+    def in_force(self, now: datetime | None) -> frozenset[str]:
+        """The nodes new pods keep off at ``now``: the verdict's set, less those whose quarantine
+        ended before ``now`` by their entry (None: all of the set)."""
+        if now is None or self._latest is None or not self.nodes:
+            return self.nodes
+        ended = {
+            entry.node
+            for entry in self._latest.quarantine
+            if entry.state == "Quarantined" and entry.until is not None and as_utc(entry.until) <= as_utc(now)
+        }
+        return self.nodes - ended if ended else self.nodes
 
     async def _on_verdict(self, verdict: NodeVerdict, delivery: Delivery) -> None:
         self.apply(verdict)

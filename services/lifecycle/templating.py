@@ -88,6 +88,8 @@ class PodTemplateContext:
     component_index: int
     pod_set_index: int
     path: str
+    # When the pod template is rendered (the reconcile's clock); None when the caller has none.
+    now: datetime | None = None
 
 
 # Adds to a pod template (e.g. node affinity) and returns the template to use. A hook receives
@@ -126,12 +128,13 @@ def render_component(
     pod_sets: Sequence[PodSet | Mapping[str, Any]] | None = None,
     hooks: Sequence[PodTemplateHook] = (),
     annotations: Mapping[str, str] | None = None,
+    now: datetime | None = None,
 ) -> dict[str, Any]:
     """The object to create for ``spec.components[index]`` of ``appwrapper``.
 
     ``pod_sets`` are the component's validated pod sets (``status.componentStatus[index].podSets``);
     when omitted they are the declared ones or, failing that, the inferred ones. ``annotations``
-    are added to the object's own metadata.
+    are added to the object's own metadata. ``now`` is handed to the hooks.
     """
     metadata = as_mapping(appwrapper.get("metadata"))
     aw_name = str(metadata.get("name", ""))
@@ -174,7 +177,9 @@ def render_component(
             else str(as_mapping(raw_pod_set).get("path", ""))
         )
         info = infos[j] if j < len(infos) else {}
-        context = PodTemplateContext(appwrapper=appwrapper, component_index=index, pod_set_index=j, path=path)
+        context = PodTemplateContext(
+            appwrapper=appwrapper, component_index=index, pod_set_index=j, path=path, now=now
+        )
         obj = _render_pod_template(obj, aw_name, context, as_mapping(info), hooks, f"{where}, pod set {path}")
     return obj
 

@@ -8,12 +8,15 @@ the node, and lifecycle keeps the next workload's pods off it.
 
 The nodes are shared by the whole test session: the quarantine is short, and the test waits for
 its end, so no later test inherits a quarantined node.
+
+A quarantine past its end, with no autopilot running to publish the release, keeps no pod off.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,7 @@ from respawn.testbed.modes import Endpoints
 from shared import subjects
 from shared.appwrapper.model import read_appwrapper
 from shared.kubetime import utcnow
-from shared.messages import QUARANTINE_RESOURCE, NodeVerdict, ObjectRef, Verdict
+from shared.messages import QUARANTINE_RESOURCE, NodeVerdict, ObjectRef, QuarantinedNode, Verdict
 from tests.integration.cli import respawn
 from tests.integration.conftest import ServiceFactory
 from tests.integration.healthfeed import metric
@@ -204,3 +207,51 @@ async def test_a_quarantined_node_is_labelled_and_tainted_until_its_quarantine_e
             done=lambda marks: marks == (None, []),
             within=60,
         )
+
+
+async def test_a_quarantine_past_its_end_keeps_no_pod_off_while_no_autopilot_runs(
+    testbed: Endpoints, appwrapper_crd: Path, namespace: str, service: ServiceFactory
+) -> None:
+    """The last quarantine verdict says the bad node is quarantined, but its end has passed and
+    no autopilot runs to publish the release: a new workload may use the node."""
+    kc = testbed.kubeconfig
+    await forget_earlier_verdicts(testbed.nats_url)
+    now = utcnow()
+    ended = QuarantinedNode(
+        node=BAD,
+        state="Quarantined",
+        failures=3,
+        workloads=("a/one", "a/three", "a/two"),
+        since=now - timedelta(minutes=2),
+        until=now - timedelta(seconds=1),
+    )
+    stale = NodeVerdict(
+        resource=QUARANTINE_RESOURCE,
+        no_schedule=(BAD,),
+        decided_at=now - timedelta(minutes=2),
+        quarantine=(ended,),
+    )
+    async with connected_bus(testbed.nats_url) as bus:
+        await bus.publish(subjects.node_verdict(QUARANTINE_RESOURCE), stale, msg_id=None)
+    try:
+        for name in ("watcher", "health"):
+            service(name)
+        lifecycle = service("lifecycle")
+        # It has the verdict (its set still names the node) before the workload is submitted.
+        await until(
+            "lifecycle to read the quarantine verdict",
+            lambda: metric(lifecycle, "respawn_lifecycle_quarantined_nodes") == 1,
+            within=30,
+        )
+        apply(
+            kc,
+            namespace,
+            on_nodes(manifests.job_appwrapper("after", pods=1, gpus=8, annotations=FAST_RESET), (BAD,)),
+        )
+        [pod] = await all_running(kc, namespace, "after", 1)
+        assert pod["spec"]["nodeName"] == BAD
+        terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        fields = [f for t in terms["nodeSelectorTerms"] for f in t.get("matchFields", [])]
+        assert {"key": "metadata.name", "operator": "NotIn", "values": [BAD]} not in fields
+    finally:
+        await forget_earlier_verdicts(testbed.nats_url)

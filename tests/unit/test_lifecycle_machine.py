@@ -334,6 +334,7 @@ def test_pod_template_hooks_see_every_pod_template_and_their_changes_are_created
 
     def avoid_bad_nodes(context: PodTemplateContext, template: dict[str, Any]) -> dict[str, Any]:
         seen.append((context.component_index, context.pod_set_index, context.path))
+        assert context.now == T0  # the reconcile's clock, for hooks whose answer depends on time
         template["spec"]["affinity"] = {"nodeAffinity": {"marker": context.appwrapper["metadata"]["name"]}}
         return template
 
