@@ -177,7 +177,7 @@ class _Client:
     ) -> tuple[int, bytes]:
         """The status and body of the answer. A request on a connection the server had closed
         is sent once more on a new one, so it may reach the server twice: the callers' requests
-        are reads, writes whose repeat they recognise, or merge patches (the same twice)."""
+        are reads, writes whose repeat they recognise, or patches (the same patch twice is one)."""
         headers = self.headers if body is None else {**self.headers, "Content-Type": content_type}
         with self.lock:
             while True:
