@@ -422,10 +422,9 @@ def create(kubeconfig: Path, obj: dict[str, Any], *, plural: str, namespace: str
             "json",
         ]
         return json.loads(kubectl(kubeconfig, *args, stdin=json.dumps(obj)).stdout)
-    version = str(obj.get("apiVersion", ""))
-    base = Resource(version, plural, namespace is not None).base()
-    where = f"/namespaces/{urllib.parse.quote(namespace, safe='')}" if namespace is not None else ""
-    status, payload = client.request("POST", f"{base}{where}/{plural}", json.dumps(obj).encode())
+    resource = Resource(str(obj.get("apiVersion", "")), plural, namespaced=namespace is not None)
+    path = Query(resource, namespace=namespace).path()
+    status, payload = client.request("POST", path, json.dumps(obj).encode())
     if status not in (200, 201):
         raise TestbedError(f"create {obj.get('kind')} failed: {status} {_status_message(payload)}")
     return json.loads(payload)
@@ -454,11 +453,8 @@ def apply(kubeconfig: Path, manifest: dict[str, Any], *, namespace: str | None =
         args = ["apply", "--server-side", "--force-conflicts", *(["-n", namespace] if namespace else [])]
         kubectl(kubeconfig, *args, "-f", "-", stdin=json.dumps(manifest))
         return
-    where = ""
-    if resource.namespaced:
-        where = f"/namespaces/{urllib.parse.quote(namespace or 'default', safe='')}"
-    base = Resource(version, resource.plural, resource.namespaced).base()
-    path = f"{base}{where}/{resource.plural}/{urllib.parse.quote(name, safe='')}"
+    # The manifest's version of the kind's group (the table names one version per kind).
+    path = Query(dataclasses.replace(resource, group_version=version), name=name, namespace=namespace).path()
     query = urllib.parse.urlencode({"fieldManager": "kubectl", "force": "true"})
     # JSON is YAML: the apply patch type takes it as it is.
     status, payload = client.request(

@@ -60,7 +60,7 @@ class QuarantinedNodes:
             for entry in self._latest.quarantine
             if entry.state == "Quarantined" and entry.until is not None and as_utc(entry.until) <= as_utc(now)
         }
-        return self.nodes - ended if ended else self.nodes
+        return self.nodes - ended
 
     async def _on_verdict(self, verdict: NodeVerdict, delivery: Delivery) -> None:
         self.apply(verdict)

@@ -39,6 +39,13 @@ def labelled_job(kubeconfig: Path, namespace: str, name: str, aw: str, **annotat
     return job
 
 
+def submit_with_job(kubeconfig: Path, namespace: str, aw: str, job: str, **annotations: str) -> None:
+    """A suspended AppWrapper ``aw`` (lifecycle does not run here) and its Job ``job``
+    (:func:`labelled_job`), standing in for what lifecycle would create."""
+    apply(kubeconfig, namespace, manifests.job_appwrapper(aw, suspend=True))
+    apply(kubeconfig, namespace, labelled_job(kubeconfig, namespace, job, aw, **annotations))
+
+
 async def first_pod(kubeconfig: Path, namespace: str, within: float = 30) -> str:
     pods = await until(
         f"a pod in {namespace}",
@@ -53,13 +60,8 @@ async def test_watcher_publishes_appwrappers_components_pods_nodes_and_tombstone
 ) -> None:
     kc = testbed.kubeconfig
     watcher = service("watcher")
-    apply(kc, namespace, manifests.job_appwrapper("aw1", suspend=True))
     # The Job stands in for what lifecycle would create: labelled with, and controlled by, aw1.
-    apply(
-        kc,
-        namespace,
-        labelled_job(kc, namespace, "aw1-job", "aw1", **{sim.FAIL_AFTER: "1s", sim.EXIT_CODE: "3"}),
-    )
+    submit_with_job(kc, namespace, "aw1", "aw1-job", **{sim.FAIL_AFTER: "1s", sim.EXIT_CODE: "3"})
     async with Observer(testbed.nats_url) as obs:
         aw = await obs.wait_last(
             OBS,
@@ -106,8 +108,7 @@ async def test_restarted_watcher_resumes_without_losing_a_transition(
 ) -> None:
     kc = testbed.kubeconfig
     watcher = service("watcher")
-    apply(kc, namespace, manifests.job_appwrapper("aw2", suspend=True))
-    apply(kc, namespace, labelled_job(kc, namespace, "j", "aw2"))
+    submit_with_job(kc, namespace, "aw2", "j")
     async with Observer(testbed.nats_url) as obs:
         pod_name = await first_pod(kc, namespace)
         subject = subjects.appwrapper_obs(namespace, "aw2", "pod", pod_name)
@@ -128,8 +129,7 @@ async def test_deletes_made_while_the_watcher_was_down_get_tombstones_when_it_st
     # "Tombstones"). Without that, health would keep the last Running state for ever.
     kc = testbed.kubeconfig
     watcher = service("watcher")
-    apply(kc, namespace, manifests.job_appwrapper("aw3", suspend=True))
-    apply(kc, namespace, labelled_job(kc, namespace, "aw3-job", "aw3"))
+    submit_with_job(kc, namespace, "aw3", "aw3-job")
     aw_subject = subjects.appwrapper_obs(namespace, "aw3", "appwrapper", "aw3")
     async with Observer(testbed.nats_url) as obs:
         await obs.wait_last(OBS, aw_subject, AppWrapperObservation, lambda m: not m.deleted)
@@ -167,8 +167,7 @@ async def test_a_component_that_left_its_appwrappers_control_while_no_watcher_ra
     # (a component health still counts) must not stand.
     kc = testbed.kubeconfig
     watcher = service("watcher")
-    apply(kc, namespace, manifests.job_appwrapper("aw6", suspend=True))
-    apply(kc, namespace, labelled_job(kc, namespace, "aw6-job", "aw6"))
+    submit_with_job(kc, namespace, "aw6", "aw6-job")
     subject = subjects.appwrapper_obs(namespace, "aw6", "component", "Job.aw6-job")
     async with Observer(testbed.nats_url) as obs:
         await obs.wait_last(OBS, subject, ComponentObservation, lambda m: not m.deleted)
@@ -227,8 +226,7 @@ async def test_when_an_appwrapper_wraps_a_pod_the_pods_of_a_wrapped_job_are_obse
         apply(kc, namespace, bare_pod)
         await obs.wait_last(OBS, component, ComponentObservation, lambda m: not m.deleted)
 
-        apply(kc, namespace, manifests.job_appwrapper("aw", suspend=True))
-        apply(kc, namespace, labelled_job(kc, namespace, "aw-job", "aw"))
+        submit_with_job(kc, namespace, "aw", "aw-job")
         [job_pod] = await until(
             "the Job's pod",
             lambda: [
