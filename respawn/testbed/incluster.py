@@ -108,11 +108,38 @@ def deploy(state: State, *, log: Log = _quiet, timeout: float = 300) -> Rollout:
     log("importing the respawn and NATS images into the node's containerd")
     realnode.import_archives(state.state_dir, [images[RESPAWN_IMAGE].archive, images[NATS_IMAGE].archive])
     imported = time.monotonic()
+    wait_claims_bound(state.kubeconfig)
     log(f"applying {OVERLAY.relative_to(binaries.REPO_ROOT)}")
     apply(state.kubeconfig, manifests(state))
     wait_ready(state.kubeconfig, timeout=timeout, log=log)
     done = time.monotonic()
     return Rollout(images=images, import_seconds=imported - started, ready_seconds=done - imported)
+
+
+def wait_claims_bound(kubeconfig: Path, *, timeout: float = 60) -> None:
+    """Wait for the NATS claims the node made (``realnode.cluster_manifests``) to be Bound, so
+    that the NATS pods are placed at once instead of waiting on the scheduler for their claims."""
+    deadline = time.monotonic() + timeout
+    while True:
+        phases = {}
+        for claim in realnode.NATS_CLAIMS:
+            try:
+                obj = get_object(kubeconfig, "persistentvolumeclaim", claim, "-n", NAMESPACE)
+            except TestbedError as e:
+                phases[claim] = f"unreadable ({e})"
+                continue
+            phases[claim] = "missing" if obj is None else obj.get("status", {}).get("phase", "Pending")
+        unbound = {claim: phase for claim, phase in phases.items() if phase != "Bound"}
+        if not unbound:
+            return
+        if time.monotonic() > deadline:
+            raise TestbedError(
+                f"the NATS claims are not Bound within {timeout:.0f}s "
+                f"({', '.join(f'{c} {p}' for c, p in unbound.items())}); the real node makes them "
+                "at start: run 'respawn local up --real-node' again, or see "
+                "'kubectl get pv,pvc -n respawn-system'"
+            )
+        time.sleep(0.2)
 
 
 def _workload(kubeconfig: Path, kind: str, name: str) -> dict[str, Any] | None:
@@ -154,15 +181,26 @@ def not_ready(kubeconfig: Path) -> list[str]:
 
 
 def pod_report(kubeconfig: Path) -> str:
-    """Each pod's phase, readiness and its containers' waiting or terminated reasons."""
+    """The pods of Respawn's namespace as ``describe_pods`` puts them, or why they could not be read."""
     proc = kubectl(kubeconfig, "get", "pods", "-n", NAMESPACE, "-o", "json", check=False)
     if proc.returncode != 0:
         return proc.stderr.strip()
+    return describe_pods(json.loads(proc.stdout).get("items", []))
+
+
+def describe_pods(pods: list[dict[str, Any]]) -> str:
+    """Each pod's phase, readiness, why it is not scheduled yet, and its containers' waiting or
+    terminated reasons: enough to tell a pod the scheduler cannot place from one that fails."""
     lines = []
-    for pod in json.loads(proc.stdout).get("items", []):
+    for pod in pods:
         status = pod.get("status", {})
-        ready = {c["type"]: c["status"] for c in status.get("conditions", [])}.get("Ready", "?")
+        conditions = {c["type"]: c for c in status.get("conditions", [])}
+        ready = conditions.get("Ready", {}).get("status", "?")
         reasons = []
+        scheduled = conditions.get("PodScheduled", {})
+        if scheduled.get("status") == "False":
+            why = f"{scheduled.get('reason', '')} {scheduled.get('message', '')}".strip()
+            reasons.append(f"not scheduled: {why}")
         for cs in status.get("containerStatuses", []):
             for state_name in ("waiting", "terminated"):
                 detail = cs.get("state", {}).get(state_name)
@@ -203,9 +241,9 @@ def undeploy(state: State, *, log: Log = _quiet, timeout: float = 120) -> None:
         f"--timeout={int(timeout)}s",
         timeout=timeout + 10,
     )
-    # The NATS volumes are released with their claims: made again, empty, with the namespace's
-    # placement annotations, as `local up --real-node` left them.
-    volumes = [f"respawn-testbed-nats-{i}" for i in range(len(realnode.NATS_CLAIMS))]
+    # The NATS volumes are released with their claims: made again, empty, with their claims
+    # bound to them and the namespace's placement annotations, as `local up --real-node` left them.
+    volumes = [realnode.nats_volume(i) for i in range(len(realnode.NATS_CLAIMS))]
     kubectl(state.kubeconfig, "delete", "pv", *volumes, "--ignore-not-found", check=False)
     layout = realnode.Layout(state.state_dir)
     shutil.rmtree(layout.volumes, ignore_errors=True)

@@ -81,8 +81,15 @@ RESOURCES: dict[str, Resource] = {
         ("services", "service", "svc"),
         ("serviceaccounts", "serviceaccount", "sa"),
         ("secrets", "secret"),
+        ("persistentvolumeclaims", "persistentvolumeclaim", "pvc"),
     ),
-    **_kinds("v1", False, ("nodes", "node", "no"), ("namespaces", "namespace", "ns")),
+    **_kinds(
+        "v1",
+        False,
+        ("nodes", "node", "no"),
+        ("namespaces", "namespace", "ns"),
+        ("persistentvolumes", "persistentvolume", "pv"),
+    ),
     **_kinds("batch/v1", True, ("jobs", "job")),
     **_kinds(
         "apps/v1",

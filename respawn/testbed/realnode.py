@@ -372,7 +372,8 @@ def _unroute_api(chain: str, bridge: str) -> None:
 
 def cluster_manifests(layout: Layout) -> list[dict[str, object]]:
     """What the node provides to Respawn's manifests as a cluster would: its namespace, whose
-    pods the API server sends to this node, and a volume for each NATS server's claim."""
+    pods the API server sends to this node, and a volume for each NATS server, with its claim
+    already bound to it."""
     toleration = [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
     docs: list[dict[str, object]] = [
         {
@@ -390,11 +391,12 @@ def cluster_manifests(layout: Layout) -> list[dict[str, object]]:
         }
     ]
     for i, claim in enumerate(NATS_CLAIMS):
+        volume = nats_volume(i)
         docs.append(
             {
                 "apiVersion": "v1",
                 "kind": "PersistentVolume",
-                "metadata": {"name": f"respawn-testbed-nats-{i}"},
+                "metadata": {"name": volume},
                 "spec": {
                     "capacity": {"storage": "10Gi"},
                     "accessModes": ["ReadWriteOnce"],
@@ -421,7 +423,35 @@ def cluster_manifests(layout: Layout) -> list[dict[str, object]]:
                 },
             }
         )
+        # The claim the StatefulSet would make, made first and naming its volume, so that it
+        # is Bound before the NATS pod exists. Left to the StatefulSet, the pod meets its claim
+        # unbound, the scheduler sets it aside until the binding's event requeues it, and a
+        # missed requeue leaves NATS Pending for the scheduler's five-minute flush.
+        docs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {
+                    "name": claim,
+                    "namespace": RESPAWN_NAMESPACE,
+                    # The labels of deploy/nats/statefulset.yaml's volumeClaimTemplate.
+                    "labels": {"app.kubernetes.io/name": "respawn", "app.kubernetes.io/component": "nats"},
+                },
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "10Gi"}},
+                    "storageClassName": "",
+                    "volumeMode": "Filesystem",
+                    "volumeName": volume,
+                },
+            }
+        )
     return docs
+
+
+def nats_volume(i: int) -> str:
+    """The name of the PersistentVolume kept for the NATS server of ordinal ``i``."""
+    return f"respawn-testbed-nats-{i}"
 
 
 def cgroup_hierarchies() -> list[Path]:

@@ -8,8 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from respawn.testbed import incluster, realnode
+
+REPO = Path(__file__).resolve().parents[2]
 
 BUILD_OUTPUT = """\
 docker.io/library/respawn-python:3.11  sha256:aaa  102 MB  cached  /c/images/respawn-python-3.11-x/image.tar
@@ -51,6 +54,90 @@ def test_the_real_node_provides_respawns_namespace_placement_and_a_volume_per_na
         assert spec["storageClassName"] == ""
         (term,) = spec["nodeAffinity"]["required"]["nodeSelectorTerms"]
         assert term["matchExpressions"][0]["values"] == [realnode.NODE_NAME]
+
+
+def test_each_nats_claim_is_made_bound_to_its_volume_before_any_nats_pod_exists() -> None:
+    docs = realnode.cluster_manifests(realnode.Layout(Path("/s")))
+    volumes = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PersistentVolume"}  # type: ignore[index]
+    claims = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    assert [c["metadata"]["name"] for c in claims] == [f"data-respawn-nats-{i}" for i in range(3)]  # type: ignore[index]
+    # Applied in order: the namespace before the claims in it.
+    assert [d["kind"] for d in docs].index("Namespace") < [d["kind"] for d in docs].index(
+        "PersistentVolumeClaim"
+    )
+    for claim in claims:
+        meta: Any = claim["metadata"]
+        spec: Any = claim["spec"]
+        assert meta["namespace"] == "respawn-system"
+        volume: Any = volumes[spec["volumeName"]]
+        # Each side names the other, so the binding needs no search.
+        assert volume["spec"]["claimRef"] == {"namespace": "respawn-system", "name": meta["name"]}
+        assert spec["storageClassName"] == volume["spec"]["storageClassName"] == ""
+        assert spec["accessModes"] == volume["spec"]["accessModes"]
+        assert spec["resources"]["requests"]["storage"] == volume["spec"]["capacity"]["storage"]
+
+
+def test_the_claims_made_in_advance_match_what_the_nats_statefulset_asks_for() -> None:
+    statefulset = next(
+        d
+        for d in yaml.safe_load_all((REPO / "deploy" / "nats" / "statefulset.yaml").read_text())
+        if d and d["kind"] == "StatefulSet"
+    )
+    (template,) = statefulset["spec"]["volumeClaimTemplates"]
+    claims = [
+        d
+        for d in realnode.cluster_manifests(realnode.Layout(Path("/s")))
+        if d["kind"] == "PersistentVolumeClaim"
+    ]
+    for claim in claims:
+        meta: Any = claim["metadata"]
+        spec: Any = claim["spec"]
+        assert meta["name"].startswith(f"{template['metadata']['name']}-{statefulset['metadata']['name']}-")
+        assert meta["labels"] == template["metadata"]["labels"]
+        assert spec["accessModes"] == template["spec"]["accessModes"]
+        assert spec["resources"] == template["spec"]["resources"]
+
+
+def test_a_pod_the_scheduler_cannot_place_is_reported_with_the_schedulers_reason() -> None:
+    pods = [
+        {
+            "metadata": {"name": "respawn-nats-0"},
+            "status": {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": "0/3 nodes are available: pod has unbound immediate "
+                        "PersistentVolumeClaims.",
+                    }
+                ],
+            },
+        },
+        {
+            "metadata": {"name": "respawn-health-1"},
+            "status": {
+                "phase": "Running",
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True"},
+                    {"type": "Ready", "status": "False"},
+                ],
+                "containerStatuses": [
+                    {
+                        "name": "health",
+                        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}},
+                    }
+                ],
+            },
+        },
+    ]
+    assert incluster.describe_pods(pods) == (
+        "respawn-nats-0 Pending Ready=? not scheduled: Unschedulable 0/3 nodes are available: "
+        "pod has unbound immediate PersistentVolumeClaims."
+        " | respawn-health-1 Running Ready=False health waiting: CrashLoopBackOff back-off"
+    )
+    assert incluster.describe_pods([]) == "no pods"
 
 
 def deployment(*, generation: int = 2, observed: int = 2, **status: int) -> dict[str, Any]:
