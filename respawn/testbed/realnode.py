@@ -425,8 +425,8 @@ def cluster_manifests(layout: Layout) -> list[dict[str, object]]:
         )
         # The claim the StatefulSet would make, made first and naming its volume, so that it
         # is Bound before the NATS pod exists. Left to the StatefulSet, the pod meets its claim
-        # unbound, the scheduler sets it aside until the binding's event requeues it, and a
-        # missed requeue leaves NATS Pending for the scheduler's five-minute flush.
+        # unbound and the scheduler sets it aside until something requeues it; a NATS pod has
+        # stayed Pending that way through all of `deploy`'s five-minute wait.
         docs.append(
             {
                 "apiVersion": "v1",
