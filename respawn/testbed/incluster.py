@@ -108,36 +108,57 @@ def deploy(state: State, *, log: Log = _quiet, timeout: float = 300) -> Rollout:
     log("importing the respawn and NATS images into the node's containerd")
     realnode.import_archives(state.state_dir, [images[RESPAWN_IMAGE].archive, images[NATS_IMAGE].archive])
     imported = time.monotonic()
-    wait_claims_bound(state.kubeconfig)
+    docs = manifests(state)
+    wait_claims_bound(state, nats_servers(docs), log=log)
     log(f"applying {OVERLAY.relative_to(binaries.REPO_ROOT)}")
-    apply(state.kubeconfig, manifests(state))
+    apply(state.kubeconfig, docs)
     wait_ready(state.kubeconfig, timeout=timeout, log=log)
     done = time.monotonic()
     return Rollout(images=images, import_seconds=imported - started, ready_seconds=done - imported)
 
 
-def wait_claims_bound(kubeconfig: Path, *, timeout: float = 60) -> None:
-    """Wait for the NATS claims the node made (``realnode.cluster_manifests``) to be Bound, so
-    that the NATS pods are placed at once instead of waiting on the scheduler for their claims."""
+def nats_servers(docs: Iterable[dict[str, Any]]) -> int:
+    """How many NATS servers the manifests run: the replicas of the NATS StatefulSet."""
+    for d in docs:
+        if d.get("kind") == "StatefulSet" and d.get("metadata", {}).get("name") == NATS_STATEFULSET:
+            return int(d.get("spec", {}).get("replicas", 1))
+    return 0
+
+
+def claim_phases(kubeconfig: Path, servers: int) -> dict[str, str]:
+    """The phase of each claim of the first ``servers`` NATS servers: ``Bound``, ``Pending``, …,
+    ``missing``, or why it could not be read."""
+    phases = {}
+    for claim in realnode.NATS_CLAIMS[:servers]:
+        try:
+            obj = get_object(kubeconfig, "persistentvolumeclaim", claim, "-n", NAMESPACE)
+        except TestbedError as e:
+            phases[claim] = f"unreadable ({e})"
+            continue
+        phases[claim] = "missing" if obj is None else obj.get("status", {}).get("phase", "Pending")
+    return phases
+
+
+def wait_claims_bound(state: State, servers: int, *, log: Log = _quiet, timeout: float = 60) -> None:
+    """Wait for the claims of the ``servers`` NATS servers to be Bound (the node made them,
+    ``realnode.cluster_manifests``), so that the NATS pods are placed at once instead of waiting
+    on the scheduler for their claims. A testbed whose node made none (one started by an older
+    version) gets them now."""
+    if "missing" in claim_phases(state.kubeconfig, servers).values():
+        log("making the NATS servers' claims, bound to the node's volumes")
+        realnode.provide(realnode.Layout(state.state_dir), state.kubeconfig)
     deadline = time.monotonic() + timeout
     while True:
-        phases = {}
-        for claim in realnode.NATS_CLAIMS:
-            try:
-                obj = get_object(kubeconfig, "persistentvolumeclaim", claim, "-n", NAMESPACE)
-            except TestbedError as e:
-                phases[claim] = f"unreadable ({e})"
-                continue
-            phases[claim] = "missing" if obj is None else obj.get("status", {}).get("phase", "Pending")
+        phases = claim_phases(state.kubeconfig, servers)
         unbound = {claim: phase for claim, phase in phases.items() if phase != "Bound"}
         if not unbound:
             return
         if time.monotonic() > deadline:
             raise TestbedError(
                 f"the NATS claims are not Bound within {timeout:.0f}s "
-                f"({', '.join(f'{c} {p}' for c, p in unbound.items())}); the real node makes them "
-                "at start: run 'respawn local up --real-node' again, or see "
-                "'kubectl get pv,pvc -n respawn-system'"
+                f"({', '.join(f'{c} {p}' for c, p in unbound.items())}); "
+                f"see 'kubectl get pv,pvc -n {NAMESPACE}', or run 'respawn local undeploy' "
+                "to make the volumes and their claims again"
             )
         time.sleep(0.2)
 

@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from respawn import natsauth
-from respawn.testbed import kubeapi, manifests, pki, sim
+from respawn.testbed import incluster, kubeapi, manifests, pki, realnode, sim
 from respawn.testbed.cluster import kubectl, kubectl_binary
 from respawn.testbed.manifests import job_appwrapper
 from respawn.testbed.modes import Endpoints
@@ -1121,3 +1121,11 @@ def test_the_testbed_overlay_is_the_local_overlay_with_the_self_managed_webhook_
     assert "--self-managed-cert" in webhook["args"]
     namespace = one(build("overlays/testbed"), "Namespace", SYSTEM_NS)
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_local_deploy_waits_for_the_claims_of_the_nats_servers_the_testbed_overlay_runs() -> None:
+    docs = build("overlays/testbed")
+    servers = incluster.nats_servers(docs)
+    assert servers == one(docs, "StatefulSet", "respawn-nats")["spec"]["replicas"] == 1
+    # The real node makes a claim for every server a release could run.
+    assert servers <= len(realnode.NATS_CLAIMS)

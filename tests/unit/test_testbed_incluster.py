@@ -98,6 +98,17 @@ def test_the_claims_made_in_advance_match_what_the_nats_statefulset_asks_for() -
         assert spec["resources"] == template["spec"]["resources"]
 
 
+def test_the_nats_servers_are_the_replicas_of_the_nats_statefulset_and_none_without_it() -> None:
+    def statefulset(name: str, replicas: int | None) -> dict[str, Any]:
+        spec = {} if replicas is None else {"replicas": replicas}
+        return {"kind": "StatefulSet", "metadata": {"name": name}, "spec": spec}
+
+    other = {"kind": "Deployment", "metadata": {"name": "respawn-nats"}, "spec": {"replicas": 5}}
+    assert incluster.nats_servers([other, statefulset("respawn-nats", 3)]) == 3
+    assert incluster.nats_servers([statefulset("respawn-nats", None)]) == 1  # the API's default
+    assert incluster.nats_servers([other, statefulset("something-else", 2)]) == 0
+
+
 def test_a_pod_the_scheduler_cannot_place_is_reported_with_the_schedulers_reason() -> None:
     pods = [
         {
