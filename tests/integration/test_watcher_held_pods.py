@@ -54,7 +54,13 @@ async def test_a_pod_that_fails_and_is_deleted_while_its_owners_are_read_still_r
         lambda: metric(watcher, "respawn_watcher_pods_held"),
         done=lambda held: held >= 1,
     )
-    assert scripted.tally.counts()[("watcher", *REPLICASET_GETS, "503")] >= 1
+    # The pod is held as soon as its owner is found unknown, before the GET for it is answered:
+    # wait for that GET's refusal rather than expect it already counted.
+    await until(
+        "the watcher's GET of the ReplicaSet refused",
+        lambda: scripted.tally.counts()[("watcher", *REPLICASET_GETS, "503")],
+        done=lambda refused: refused >= 1,
+    )
 
     sim.fail_pod(kc, namespace, name, exit_code=1)
     kubectl(kc, "delete", "pod", name, "-n", namespace, "--grace-period=0", "--force", "--wait=false")
