@@ -157,8 +157,8 @@ def wait_claims_bound(state: State, servers: int, *, log: Log = _quiet, timeout:
             raise TestbedError(
                 f"the NATS claims are not Bound within {timeout:.0f}s "
                 f"({', '.join(f'{c} {p}' for c, p in unbound.items())}); "
-                f"see 'kubectl get pv,pvc -n {NAMESPACE}', or run 'respawn local undeploy' "
-                "to make the volumes and their claims again"
+                f"see 'kubectl get pv,pvc -n {NAMESPACE}'; 'respawn local undeploy' makes the "
+                "volumes and their claims again, then deploy again"
             )
         time.sleep(0.2)
 
