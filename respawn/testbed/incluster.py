@@ -28,6 +28,7 @@ from respawn.testbed.cluster import State, kubectl, kubectl_binary
 from respawn.testbed.errors import TestbedError
 from respawn.testbed.kubeapi import get_object
 from respawn.testbed.realnode import BuiltImage, build_images
+from respawn.waiting import WaitTimeout, until_sync
 
 Log = Callable[[str], None]
 
@@ -147,20 +148,17 @@ def wait_claims_bound(state: State, servers: int, *, log: Log = _quiet, timeout:
     if "missing" in claim_phases(state.kubeconfig, servers).values():
         log("making the NATS servers' claims, bound to the node's volumes")
         realnode.provide(realnode.Layout(state.state_dir), state.kubeconfig)
-    deadline = time.monotonic() + timeout
-    while True:
-        phases = claim_phases(state.kubeconfig, servers)
-        unbound = {claim: phase for claim, phase in phases.items() if phase != "Bound"}
-        if not unbound:
-            return
-        if time.monotonic() > deadline:
-            raise TestbedError(
-                f"the NATS claims are not Bound within {timeout:.0f}s "
-                f"({', '.join(f'{c} {p}' for c, p in unbound.items())}); "
-                f"see 'kubectl get pv,pvc -n {NAMESPACE}'; 'respawn local undeploy' makes the "
-                "volumes and their claims again, then deploy again"
-            )
-        time.sleep(0.2)
+
+    def unbound() -> dict[str, str]:
+        return {c: phase for c, phase in claim_phases(state.kubeconfig, servers).items() if phase != "Bound"}
+
+    try:
+        until_sync("the NATS claims Bound", unbound, done=lambda left: not left, within=timeout)
+    except WaitTimeout as e:
+        raise TestbedError(
+            f"{e}; see 'kubectl get pv,pvc -n {NAMESPACE}'; 'respawn local undeploy' makes the "
+            "volumes and their claims again, then deploy again"
+        ) from None
 
 
 def _workload(kubeconfig: Path, kind: str, name: str) -> dict[str, Any] | None:

@@ -361,6 +361,24 @@ def _status_message(payload: bytes) -> str:
     return str(body.get("message")) if isinstance(body, dict) else payload[:200].decode(errors="replace")
 
 
+def _write(
+    client: _Client,
+    method: str,
+    path: str,
+    body: Any,
+    *,
+    what: str,
+    content_type: str = "application/json",
+    ok: tuple[int, ...] = (200, 201),
+) -> bytes:
+    """Send ``body`` (as JSON) and return the answer's body; raise :class:`TestbedError` naming
+    ``what`` unless the server answered with one of ``ok``."""
+    status, payload = client.request(method, path, json.dumps(body).encode(), content_type)
+    if status not in ok:
+        raise TestbedError(f"{what} failed: {status} {_status_message(payload)}")
+    return payload
+
+
 def create_namespace(kubeconfig: Path, name: str) -> None:
     """``kubectl create namespace <name>``; raises :class:`TestbedError` if it is not made."""
     client = _client(kubeconfig)
@@ -368,10 +386,8 @@ def create_namespace(kubeconfig: Path, name: str) -> None:
         kubectl(kubeconfig, "create", "namespace", name)
         return
     manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    status, payload = client.request("POST", "/api/v1/namespaces", json.dumps(manifest).encode())
     # 409: a repeat of a create that was made (see _Client.request).
-    if status not in (201, 409):
-        raise TestbedError(f"create namespace {name} failed: {status} {_status_message(payload)}")
+    _write(client, "POST", "/api/v1/namespaces", manifest, what=f"create namespace {name}", ok=(201, 409))
 
 
 def delete_namespace(kubeconfig: Path, name: str) -> None:
@@ -397,18 +413,16 @@ def merge_patch(
     raises :class:`TestbedError` if the server refuses it (a missing object among others)."""
     resource = RESOURCES.get(kind)
     client = _client(kubeconfig) if resource is not None else None
-    body = json.dumps(patch)
     if resource is None or client is None:
         args = ["patch", kind, name, *(["-n", namespace] if namespace else [])]
-        args += [*([f"--subresource={subresource}"] if subresource else []), "--type=merge", "-p", body]
-        kubectl(kubeconfig, *args)
+        args += [*([f"--subresource={subresource}"] if subresource else []), "--type=merge"]
+        kubectl(kubeconfig, *args, "-p", json.dumps(patch))
         return
     path = Query(resource, name=name, namespace=namespace).path()
     if subresource:
         path += f"/{urllib.parse.quote(subresource, safe='')}"
-    status, payload = client.request("PATCH", path, body.encode(), "application/merge-patch+json")
-    if status != 200:
-        raise TestbedError(f"patch {kind} {name} failed: {status} {_status_message(payload)}")
+    what = f"patch {kind} {name}"
+    _write(client, "PATCH", path, patch, what=what, content_type="application/merge-patch+json", ok=(200,))
 
 
 def create(kubeconfig: Path, obj: dict[str, Any], *, plural: str, namespace: str | None = None) -> Any:
@@ -431,10 +445,7 @@ def create(kubeconfig: Path, obj: dict[str, Any], *, plural: str, namespace: str
         return json.loads(kubectl(kubeconfig, *args, stdin=json.dumps(obj)).stdout)
     resource = Resource(str(obj.get("apiVersion", "")), plural, namespaced=namespace is not None)
     path = Query(resource, namespace=namespace).path()
-    status, payload = client.request("POST", path, json.dumps(obj).encode())
-    if status not in (200, 201):
-        raise TestbedError(f"create {obj.get('kind')} failed: {status} {_status_message(payload)}")
-    return json.loads(payload)
+    return json.loads(_write(client, "POST", path, obj, what=f"create {obj.get('kind')}"))
 
 
 def _group(group_version: str) -> str:
@@ -464,8 +475,7 @@ def apply(kubeconfig: Path, manifest: dict[str, Any], *, namespace: str | None =
     path = Query(dataclasses.replace(resource, group_version=version), name=name, namespace=namespace).path()
     query = urllib.parse.urlencode({"fieldManager": "kubectl", "force": "true"})
     # JSON is YAML: the apply patch type takes it as it is.
-    status, payload = client.request(
-        "PATCH", f"{path}?{query}", json.dumps(manifest).encode(), "application/apply-patch+yaml"
+    what = f"apply {manifest.get('kind')} {name}"
+    _write(
+        client, "PATCH", f"{path}?{query}", manifest, what=what, content_type="application/apply-patch+yaml"
     )
-    if status not in (200, 201):
-        raise TestbedError(f"apply {manifest.get('kind')} {name} failed: {status} {_status_message(payload)}")
