@@ -16,9 +16,10 @@ failure grace and no retry pause, go through three phases:
 Each phase ends once lifecycle has made no reconcile pass for 2 s. For each phase it reads, from
 lifecycle's /metrics before and after, lifecycle's own count of its requests by verb and resource
 (respawn_kube_requests_total) and its reconcile passes (respawn_lifecycle_reconcile_passes_total),
-and prints them per AppWrapper and per pass. The API server's own apiserver_request_total over
-the same window (every client's: the other services, the controller manager, kwok, this
-benchmark) is in the JSON for reference.
+and prints them per AppWrapper and per pass, with each service's CPU-seconds in the phase
+(/proc/<pid>/stat before and after): per AppWrapper, and lifecycle's per pass. The API server's
+own apiserver_request_total over the same window (every client's: the other services, the
+controller manager, kwok, this benchmark) is in the JSON for reference.
 
 .venv/bin/python -m bench.apirequests [--appwrappers 100] [--pods 1] [--state-dir DIR]
     [--services-from DIR] [--json FILE]
@@ -34,7 +35,7 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +43,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench import procstat
 from bench.polling import until
 from bench.samples import api_requests
 from bench.session import Session
@@ -72,6 +74,7 @@ class Reading:
     passes: float
     conflicts: float  # status writes that lost to a newer version (409)
     apiserver: dict[str, float]
+    cpu: dict[str, float]  # service -> CPU seconds so far (/proc)
 
 
 @dataclass
@@ -82,6 +85,7 @@ class Phase:
     conflicts: float = 0.0
     requests: dict[tuple[str, str], float] = field(default_factory=dict)
     apiserver: dict[str, float] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)  # service -> CPU seconds in the phase
 
 
 def lifecycle_counters(metrics_text: str) -> tuple[dict[tuple[str, str], float], float, float]:
@@ -109,10 +113,16 @@ def lifecycle_counters(metrics_text: str) -> tuple[dict[tuple[str, str], float],
 
 class Bench:
     def __init__(
-        self, state: State, lifecycle: ServiceProcess, session: Session, count: int, pods: int
+        self,
+        state: State,
+        services: Mapping[str, ServiceProcess],
+        session: Session,
+        count: int,
+        pods: int,
     ) -> None:
         self.state = state
-        self.lifecycle = lifecycle
+        self.lifecycle = services["lifecycle"]
+        self.pids = {name: sp.pid for name, sp in services.items()}
         self.session = session
         self.names = [f"aw-{i:05d}" for i in range(count)]
         self.pods = pods
@@ -121,7 +131,7 @@ class Bench:
         text = await asyncio.to_thread(self.lifecycle.metrics)
         requests, passes, conflicts = lifecycle_counters(text)
         raw = (await asyncio.to_thread(kubectl, self.state.kubeconfig, "get", "--raw", "/metrics")).stdout
-        return Reading(requests, passes, conflicts, api_requests(raw))
+        return Reading(requests, passes, conflicts, api_requests(raw), procstat.cpu_seconds(self.pids))
 
     async def quiet(self) -> float:
         """Wait until lifecycle has made no pass for QUIET seconds; its pass count then."""
@@ -147,12 +157,15 @@ class Bench:
         for key, value in after.requests.items():
             if value - before.requests.get(key, 0.0):
                 out.requests[key] = value - before.requests.get(key, 0.0)
+        for service, value in after.cpu.items():
+            out.cpu[service] = round(value - before.cpu.get(service, value), 2)
         for request, value in after.apiserver.items():
             if value - before.apiserver.get(request, 0.0):
                 out.apiserver[request] = value - before.apiserver.get(request, 0.0)
         print(
             f"  {name}: {out.seconds:.1f}s, {out.passes:.0f} reconcile passes, "
-            f"{out.conflicts:.0f} status conflicts",
+            f"{out.conflicts:.0f} status conflicts; CPU-s "
+            + ", ".join(f"{service} {cpu:.2f}" for service, cpu in sorted(out.cpu.items())),
             file=sys.stderr,
             flush=True,
         )
@@ -264,6 +277,14 @@ def table(phases: list[Phase], count: int) -> str:
             + "  ".join(cells)
             + f"  {per(every, count):>6}|{per(every, p.passes):<6}"
         )
+    services = sorted({service for p in phases for service in p.cpu})
+    if services:
+        lines.append("CPU-seconds by service (ms per AppWrapper; lifecycle also ms per pass):")
+        for p in phases:
+            cpu = {s: p.cpu.get(s, 0.0) for s in services}
+            cells = [f"{s} {cpu[s]:.2f} ({per(1000 * cpu[s], count)})" for s in services]
+            lifecycle = per(1000 * p.cpu.get("lifecycle", 0.0), p.passes)
+            lines.append(f"  {p.name:<10} " + ", ".join(cells) + f"; lifecycle per pass {lifecycle} ms")
     lines.append("by resource (total per AppWrapper):")
     for (verb, resource), value in sorted(total.requests.items()):
         lines.append(f"  {verb:<7} {resource:<28} {per(value, count)}")
@@ -316,7 +337,7 @@ async def measure(state: State, services_from: Path, count: int, pods: int) -> d
         session = await Session.connect(state.kubeconfig, f"bench-apireq-{int(time.time())}")
         try:
             await session.create_namespace()
-            bench = Bench(state, started["lifecycle"], session, count, pods)
+            bench = Bench(state, started, session, count, pods)
             phases = [
                 await bench.phase("create", bench.create),
                 await bench.phase("reset", bench.fail_one_pod_each),
@@ -340,6 +361,7 @@ async def measure(state: State, services_from: Path, count: int, pods: int) -> d
                 "seconds": round(p.seconds, 1),
                 "reconcile_passes": p.passes,
                 "status_conflicts": p.conflicts,
+                "cpu_seconds": dict(sorted(p.cpu.items())),
                 "lifecycle_requests": {
                     f"{verb} {resource}": n for (verb, resource), n in sorted(p.requests.items())
                 },
