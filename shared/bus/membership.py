@@ -197,14 +197,15 @@ class Membership:
                 feed = await self._follow(synced)
                 self._own_echo = self.clock()
                 while True:
+                    # Before any wait too: the feed is often synced as it is made (no key yet, or
+                    # every one in by then), and a replica is ready only once it has a share.
+                    self._note_synced(synced)
                     if synced.is_set():
                         await asyncio.sleep(self.heartbeat)
                     else:
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(synced.wait(), self.heartbeat)
-                    if synced.is_set() and not self._watch_synced:
-                        self._watch_synced = True  # the peers are known: shares may be taken
-                        self._changed.set()
+                    self._note_synced(synced)
                     if self.clock() - self._own_echo > 3 * self.heartbeat + self.ttl:
                         raise ConnectionError("own heartbeats no longer come back through the watch")
             except asyncio.CancelledError:
@@ -218,6 +219,11 @@ class Membership:
                     with contextlib.suppress(Exception):
                         await feed.unsubscribe()
 
+    def _note_synced(self, synced: asyncio.Event) -> None:
+        if synced.is_set() and not self._watch_synced:
+            self._watch_synced = True  # the peers are known: shares may be taken
+            self._changed.set()
+
     async def _follow(self, synced: asyncio.Event) -> Any:
         """A push consumer of the group's keys, the last value of each first, delivered to an
         inbox of this connection; ``synced`` is set once those first values are in.
@@ -229,10 +235,16 @@ class Membership:
         member comes within ``heartbeat``), and a lost consumer is noticed by our own heartbeats
         no longer coming back."""
 
+        # The consumer sequence of the last message handled: the server may have sent every
+        # key already (its info says nothing pending) while some still wait to be handled here.
+        handled = 0
+
         async def arrived(msg: Any) -> None:
+            nonlocal handled
             try:
                 meta = msg.metadata
                 self._seen(msg.subject.removeprefix(self._prefix), _operation(msg.headers), meta.timestamp)
+                handled = max(handled, meta.sequence.consumer)
                 if meta.num_pending == 0:
                     synced.set()
             except Exception:  # one odd message must not end the feed
@@ -252,8 +264,12 @@ class Membership:
             ),
         )
         try:
-            if (await feed.consumer_info()).num_pending == 0:
-                synced.set()  # nothing (more) to deliver: the group has no key, or all are in
+            info = await feed.consumer_info()
+            delivered = info.delivered.consumer_seq if info.delivered is not None else 0
+            if info.num_pending == 0 and handled >= delivered:
+                # Nothing (more) to deliver and everything delivered handled: the group has no
+                # key, or all are in. Otherwise the last of them sets it (``arrived``).
+                synced.set()
         except BaseException:
             # The caller makes a new feed: this one must not go on delivering beside it.
             with contextlib.suppress(Exception):

@@ -16,7 +16,7 @@ from nats.js.client import JetStreamContext
 from shared.bus import Bus
 from shared.bus.membership import MEMBERS_BUCKET, MEMBERS_STREAM, Membership
 from tests.nats_fixtures import connected_bus
-from tests.waiting import until
+from tests.waiting import PATIENCE, until
 
 pytestmark = pytest.mark.asyncio
 
@@ -131,6 +131,48 @@ async def test_a_new_replica_takes_its_share_only_after_learning_of_the_others(b
     finally:
         await first.stop()
         await second.stop()
+
+
+async def test_a_starting_replica_takes_its_share_as_soon_as_it_knows_the_group_not_a_heartbeat_later(
+    buses: list[Bus],
+) -> None:
+    """A service is ready only once it has its first share: that must not wait out a heartbeat
+    after the group's keys are read (a replacement replica would be ready that much later)."""
+    group = f"test-{uuid.uuid4().hex[:8]}"
+    heartbeat = 10.0  # far longer than reading the group's keys takes, even on a busy machine
+    soon = 1.5 * PATIENCE
+
+    def replica(bus: Bus, member: str) -> Replica:
+        r = Replica(bus, group, member)
+        r.membership = Membership(
+            bus,
+            group,
+            partitions=PARTITIONS,
+            heartbeat=heartbeat,
+            ttl=15.0,
+            on_change=r.changed,
+            member=member,
+        )
+        return r
+
+    first, second = replica(buses[0], "a"), replica(buses[1], "b")
+    loop = asyncio.get_running_loop()
+    try:
+        started = loop.time()
+        first.start()
+        await asyncio.wait_for(first.membership.first_share.wait(), timeout=heartbeat)
+        alone = loop.time() - started
+        # The second reads the first's key before taking its share: its half, not everything.
+        started = loop.time()
+        second.start()
+        await asyncio.wait_for(second.membership.first_share.wait(), timeout=heartbeat)
+        joined = loop.time() - started
+        assert len(second.membership.owned) == PARTITIONS // 2, second.membership.owned
+        assert alone < soon and joined < soon, (alone, joined)
+    finally:
+        for r in (first, second):
+            if r.task is not None:
+                await r.stop()
 
 
 async def test_a_replica_follows_its_groups_keys_without_flow_control_or_heartbeats(buses: list[Bus]) -> None:
