@@ -48,6 +48,7 @@ __all__ = [
     "create_namespace",
     "delete_namespace",
     "get_object",
+    "loads",
     "merge_patch",
     "parse_get",
 ]
@@ -329,6 +330,24 @@ def _as_kubectl_prints(query: Query, body: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "items": items, "kind": "List", "metadata": {"resourceVersion": ""}}
 
 
+def loads(payload: str | bytes) -> Any:
+    """``json.loads``, with room for objects nested deeper than Python's decoder follows by default.
+
+    The API server takes objects nested thousands of levels deep (a CRD that keeps unknown
+    fields); one such object, left by anyone in any namespace, must not make every list that
+    holds it unreadable. Those are decoded again as the services decode them."""
+    try:
+        return json.loads(payload)
+    except RecursionError:
+        # Imported here: it loads the services' Kubernetes client, which few reads need.
+        from shared.kube.client import KubeApiError, decode_body
+
+        try:
+            return decode_body(payload, "the answer")
+        except KubeApiError as exc:
+            raise TestbedError(exc.message) from None
+
+
 def get_object(kubeconfig: Path, *args: str) -> Any | None:
     """What ``kubectl get <args> -o json`` prints, parsed; None when the named object does not
     exist. Raises :class:`TestbedError` for any other failure, as :func:`kubectl` does."""
@@ -337,7 +356,7 @@ def get_object(kubeconfig: Path, *args: str) -> Any | None:
     if query is None or client is None:
         proc = kubectl(kubeconfig, "get", *args, "-o", "json", check=False)
         if proc.returncode == 0:
-            return json.loads(proc.stdout)
+            return loads(proc.stdout)
         if "(NotFound)" in proc.stderr:
             return None
         raise TestbedError(f"kubectl get {' '.join(args)} failed: {proc.stderr.strip()}")
@@ -345,7 +364,7 @@ def get_object(kubeconfig: Path, *args: str) -> Any | None:
     if status == 404 and query.name is not None:
         return None
     try:
-        body = json.loads(payload) if status == 200 else None
+        body = loads(payload) if status == 200 else None
     except ValueError:
         body = None
     if not isinstance(body, dict):

@@ -264,13 +264,15 @@ def test_reads_without_kubectl_give_what_kubectl_prints(
         ("jobs", "-n", namespace),
         ("pods", "-n", namespace, "-l", "app=listed"),
         ("pods", "-n", namespace, "--field-selector", "metadata.namespace=" + namespace),
-        ("appwrappers", "-A"),
+        # Across namespaces, but only this test's: another test's AppWrappers may be anything,
+        # up to nested deeper than a comparison of the two answers can recurse.
+        ("appwrappers", "-A", "--field-selector", "metadata.namespace=" + namespace),
         ("aw", "wrapped", "-n", namespace),
         ("crd", "appwrappers.workload.codeflare.dev"),  # not in the table: through kubectl
     )
 
     def both(args: tuple[str, ...]) -> tuple[Any, Any]:
-        return kubeapi.get_object(kc, *args), json.loads(kubectl(kc, "get", *args, "-o", "json").stdout)
+        return kubeapi.get_object(kc, *args), kubeapi.loads(kubectl(kc, "get", *args, "-o", "json").stdout)
 
     # Pods change while kwok runs them; compare once a read of each way agrees (they must).
     for args in quiet:

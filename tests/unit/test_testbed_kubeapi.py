@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from respawn.testbed import kubeapi, pki
+from respawn.testbed.errors import TestbedError
 from respawn.testbed.kubeapi import RESOURCES, parse_get
 
 
@@ -153,3 +155,24 @@ def test_a_rewritten_kubeconfig_gets_a_new_client(tmp_path: Path) -> None:
     second = kubeapi._client(path)
     assert second is not None and second is not first
     assert second.headers["Authorization"] == "Bearer two"
+
+
+def test_an_answer_nested_deeper_than_the_default_decoder_goes_is_still_read() -> None:
+    depth = 5_000  # the API server takes objects this deep; json.loads stops near 1,000
+    deep = '{"a":' * depth + "1" + "}" * depth
+    answer = '{"kind":"List","items":[{"spec":' + deep + '},{"spec":{"b":2}}]}'
+    with pytest.raises(RecursionError):
+        json.loads(answer)
+    items = kubeapi.loads(answer)["items"]
+    assert items[1] == {"spec": {"b": 2}}, "the other objects of the list are read as they are"
+    level, levels = items[0]["spec"], 0
+    while isinstance(level, dict):
+        level, levels = level["a"], levels + 1
+    assert (levels, level) == (depth, 1)
+    assert kubeapi.loads(b'{"kind": "Pod"}') == {"kind": "Pod"}
+
+
+def test_an_answer_too_deep_even_for_the_services_decoder_is_a_testbed_error() -> None:
+    depth = 20_000  # past the deepest the services decode at all (the API server refuses it too)
+    with pytest.raises(TestbedError, match="nested too deeply"):
+        kubeapi.loads("[" * depth + "]" * depth)
