@@ -461,10 +461,10 @@ def create(kubeconfig: Path, obj: dict[str, Any], *, plural: str, namespace: str
             "-o",
             "json",
         ]
-        return json.loads(kubectl(kubeconfig, *args, stdin=json.dumps(obj)).stdout)
+        return loads(kubectl(kubeconfig, *args, stdin=json.dumps(obj)).stdout)
     resource = Resource(str(obj.get("apiVersion", "")), plural, namespaced=namespace is not None)
     path = Query(resource, namespace=namespace).path()
-    return json.loads(_write(client, "POST", path, obj, what=f"create {obj.get('kind')}"))
+    return loads(_write(client, "POST", path, obj, what=f"create {obj.get('kind')}"))
 
 
 def _group(group_version: str) -> str:
