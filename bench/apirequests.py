@@ -17,7 +17,9 @@ Each phase ends once lifecycle has made no reconcile pass for 2 s. For each phas
 lifecycle's /metrics before and after, lifecycle's own count of its requests by verb and resource
 (respawn_kube_requests_total) and its reconcile passes (respawn_lifecycle_reconcile_passes_total),
 and prints them per AppWrapper and per pass, with each service's CPU-seconds in the phase
-(/proc/<pid>/stat before and after): per AppWrapper, and lifecycle's per pass. The API server's
+(/proc/<pid>/stat before and after): per AppWrapper, and lifecycle's per pass; and, from the
+watcher's /metrics, the watch events it published and those it skipped as unchanged, by
+observation kind, per AppWrapper: the messages each phase sends through the bus. The API server's
 own apiserver_request_total over the same window (every client's: the other services, the
 controller manager, kwok, this benchmark) is in the JSON for reference.
 
@@ -75,6 +77,8 @@ class Reading:
     conflicts: float  # status writes that lost to a newer version (409)
     apiserver: dict[str, float]
     cpu: dict[str, float]  # service -> CPU seconds so far (/proc)
+    # ("published" | "unchanged", observation kind) -> the watcher's count so far
+    observations: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,6 +90,28 @@ class Phase:
     requests: dict[tuple[str, str], float] = field(default_factory=dict)
     apiserver: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)  # service -> CPU seconds in the phase
+    # ("published" | "unchanged", observation kind) -> the watcher's count in the phase
+    observations: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+# The watcher's counters of what it did with each watch event: published it, or skipped it as
+# unchanged in what the observation carries.
+WATCHER_COUNTERS = {
+    "respawn_watcher_observations_published_total": "published",
+    "respawn_watcher_observations_unchanged_total": "unchanged",
+}
+
+
+def watcher_counters(metrics_text: str) -> dict[tuple[str, str], float]:
+    """The watcher's observations published and skipped as unchanged, by observation kind."""
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            what = WATCHER_COUNTERS.get(sample.name)
+            if what is not None:
+                key = (what, sample.labels.get("kind", ""))
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
 
 
 def lifecycle_counters(metrics_text: str) -> tuple[dict[tuple[str, str], float], float, float]:
@@ -122,6 +148,7 @@ class Bench:
     ) -> None:
         self.state = state
         self.lifecycle = services["lifecycle"]
+        self.watcher = services["watcher"]
         self.pids = {name: sp.pid for name, sp in services.items()}
         self.session = session
         self.names = [f"aw-{i:05d}" for i in range(count)]
@@ -131,7 +158,10 @@ class Bench:
         text = await asyncio.to_thread(self.lifecycle.metrics)
         requests, passes, conflicts = lifecycle_counters(text)
         raw = (await asyncio.to_thread(kubectl, self.state.kubeconfig, "get", "--raw", "/metrics")).stdout
-        return Reading(requests, passes, conflicts, api_requests(raw), procstat.cpu_seconds(self.pids))
+        observations = watcher_counters(await asyncio.to_thread(self.watcher.metrics))
+        return Reading(
+            requests, passes, conflicts, api_requests(raw), procstat.cpu_seconds(self.pids), observations
+        )
 
     async def quiet(self) -> float:
         """Wait until lifecycle has made no pass for QUIET seconds; its pass count then."""
@@ -159,6 +189,9 @@ class Bench:
                 out.requests[key] = value - before.requests.get(key, 0.0)
         for service, value in after.cpu.items():
             out.cpu[service] = round(value - before.cpu.get(service, value), 2)
+        for key, value in after.observations.items():
+            if value - before.observations.get(key, 0.0):
+                out.observations[key] = value - before.observations.get(key, 0.0)
         for request, value in after.apiserver.items():
             if value - before.apiserver.get(request, 0.0):
                 out.apiserver[request] = value - before.apiserver.get(request, 0.0)
@@ -285,6 +318,16 @@ def table(phases: list[Phase], count: int) -> str:
             cells = [f"{s} {cpu[s]:.2f} ({per(1000 * cpu[s], count)})" for s in services]
             lifecycle = per(1000 * p.cpu.get("lifecycle", 0.0), p.passes)
             lines.append(f"  {p.name:<10} " + ", ".join(cells) + f"; lifecycle per pass {lifecycle} ms")
+    kinds = sorted({kind for p in phases for _, kind in p.observations})
+    if kinds:
+        lines.append("watch events the watcher published | skipped as unchanged (per AppWrapper):")
+        for p in phases:
+            cells = [
+                f"{kind} {per(p.observations.get(('published', kind), 0.0), count)}"
+                f"|{per(p.observations.get(('unchanged', kind), 0.0), count)}"
+                for kind in kinds
+            ]
+            lines.append(f"  {p.name:<10} " + ", ".join(cells))
     lines.append("by resource (total per AppWrapper):")
     for (verb, resource), value in sorted(total.requests.items()):
         lines.append(f"  {verb:<7} {resource:<28} {per(value, count)}")
@@ -362,6 +405,9 @@ async def measure(state: State, services_from: Path, count: int, pods: int) -> d
                 "reconcile_passes": p.passes,
                 "status_conflicts": p.conflicts,
                 "cpu_seconds": dict(sorted(p.cpu.items())),
+                "watcher_observations": {
+                    f"{what} {kind}": n for (what, kind), n in sorted(p.observations.items())
+                },
                 "lifecycle_requests": {
                     f"{verb} {resource}": n for (verb, resource), n in sorted(p.requests.items())
                 },

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.apirequests import Phase, table
+from bench.apirequests import Phase, table, watcher_counters
 
 
 def phase(name: str, passes: float, cpu: dict[str, float]) -> Phase:
@@ -31,3 +31,40 @@ def test_a_run_without_cpu_figures_prints_no_cpu_section() -> None:
     lines = table([phase("create", 500, {})], 100).splitlines()
     assert not any(line.startswith("CPU-seconds") for line in lines)
     assert lines[-1] == "  update  appwrappers/status           3.00"
+
+
+WATCHER_METRICS = """\
+# HELP respawn_watcher_observations_published_total Observations published, by kind
+# TYPE respawn_watcher_observations_published_total counter
+respawn_watcher_observations_published_total{kind="observation.pod"} 4100.0
+respawn_watcher_observations_published_total{kind="observation.appwrapper"} 700.0
+# HELP respawn_watcher_observations_unchanged_total Watch events whose relevant state did not change
+# TYPE respawn_watcher_observations_unchanged_total counter
+respawn_watcher_observations_unchanged_total{kind="observation.pod"} 1421.0
+# HELP respawn_watcher_objects_failed_total Objects not published
+# TYPE respawn_watcher_objects_failed_total counter
+respawn_watcher_objects_failed_total{kind="observation.pod",reason="too-large"} 3.0
+"""
+
+
+def test_the_watchers_counters_are_read_by_what_it_did_and_kind() -> None:
+    assert watcher_counters(WATCHER_METRICS) == {
+        ("published", "observation.pod"): 4100.0,
+        ("published", "observation.appwrapper"): 700.0,
+        ("unchanged", "observation.pod"): 1421.0,
+    }
+
+
+def test_the_table_gives_the_observations_per_appwrapper_published_and_skipped() -> None:
+    reset = phase("reset", 2000, {"watcher": 4.0})
+    reset.observations = {("published", "observation.pod"): 4100.0, ("unchanged", "observation.pod"): 1421.0}
+    reset.observations[("published", "observation.appwrapper")] = 700.0
+    lines = table([reset], 100).splitlines()
+    heading = lines.index("watch events the watcher published | skipped as unchanged (per AppWrapper):")
+    # An AppWrapper kind with nothing skipped shows 0.00 after the bar, not a missing cell.
+    assert lines[heading + 1] == "  reset      observation.appwrapper 7.00|0.00, observation.pod 41.00|14.21"
+
+
+def test_a_run_without_the_watchers_counters_prints_no_observation_section() -> None:
+    lines = table([phase("create", 500, {"watcher": 1.0})], 100).splitlines()
+    assert not any(line.startswith("watch events") for line in lines)
