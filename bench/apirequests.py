@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -92,6 +92,17 @@ class Phase:
     cpu: dict[str, float] = field(default_factory=dict)  # service -> CPU seconds in the phase
     # ("published" | "unchanged", observation kind) -> the watcher's count in the phase
     observations: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+# A counter's labels, as a reading keys them.
+K = TypeVar("K")
+
+
+def grown(before: Mapping[K, float], after: Mapping[K, float]) -> dict[K, float]:
+    """What each counter grew by between two readings, leaving out those that did not (pure)."""
+    return {
+        key: value - before.get(key, 0.0) for key, value in after.items() if value != before.get(key, 0.0)
+    }
 
 
 # The watcher's counters of what it did with each watch event: published it, or skipped it as
@@ -184,17 +195,11 @@ class Bench:
         out = Phase(
             name, time.monotonic() - t, after.passes - before.passes, after.conflicts - before.conflicts
         )
-        for key, value in after.requests.items():
-            if value - before.requests.get(key, 0.0):
-                out.requests[key] = value - before.requests.get(key, 0.0)
+        out.requests = grown(before.requests, after.requests)
         for service, value in after.cpu.items():
             out.cpu[service] = round(value - before.cpu.get(service, value), 2)
-        for key, value in after.observations.items():
-            if value - before.observations.get(key, 0.0):
-                out.observations[key] = value - before.observations.get(key, 0.0)
-        for request, value in after.apiserver.items():
-            if value - before.apiserver.get(request, 0.0):
-                out.apiserver[request] = value - before.apiserver.get(request, 0.0)
+        out.observations = grown(before.observations, after.observations)
+        out.apiserver = grown(before.apiserver, after.apiserver)
         print(
             f"  {name}: {out.seconds:.1f}s, {out.passes:.0f} reconcile passes, "
             f"{out.conflicts:.0f} status conflicts; CPU-s "

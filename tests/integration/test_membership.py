@@ -24,10 +24,18 @@ PARTITIONS = 12
 
 
 class Replica:
-    def __init__(self, bus: Bus, group: str, member: str) -> None:
+    def __init__(
+        self, bus: Bus, group: str, member: str, *, heartbeat: float = 0.2, ttl: float = 1.0
+    ) -> None:
         self.changes: list[tuple[frozenset[int], frozenset[int]]] = []
         self.membership = Membership(
-            bus, group, partitions=PARTITIONS, heartbeat=0.2, ttl=1.0, on_change=self.changed, member=member
+            bus,
+            group,
+            partitions=PARTITIONS,
+            heartbeat=heartbeat,
+            ttl=ttl,
+            on_change=self.changed,
+            member=member,
         )
         self.task: asyncio.Task[None] | None = None
 
@@ -142,20 +150,10 @@ async def test_a_starting_replica_takes_its_share_as_soon_as_it_knows_the_group_
     heartbeat = 10.0  # far longer than reading the group's keys takes, even on a busy machine
     soon = 1.5 * PATIENCE
 
-    def replica(bus: Bus, member: str) -> Replica:
-        r = Replica(bus, group, member)
-        r.membership = Membership(
-            bus,
-            group,
-            partitions=PARTITIONS,
-            heartbeat=heartbeat,
-            ttl=15.0,
-            on_change=r.changed,
-            member=member,
-        )
-        return r
-
-    first, second = replica(buses[0], "a"), replica(buses[1], "b")
+    first, second = (
+        Replica(bus, group, member, heartbeat=heartbeat, ttl=15.0)
+        for bus, member in ((buses[0], "a"), (buses[1], "b"))
+    )
     loop = asyncio.get_running_loop()
     try:
         started = loop.time()
