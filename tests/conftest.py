@@ -24,7 +24,7 @@ from xdist.scheduler import LoadFileScheduling
 
 from respawn.testbed import kubeapi
 from respawn.testbed.modes import Endpoints, open_testbed
-from tests.groups import HOST_GROUP, group_of
+from tests.groups import group_of, start_rank
 
 # The NATS-only fixtures live in their own module; load them when present.
 pytest_plugins = ["tests.nats_fixtures"] if importlib.util.find_spec("tests.nats_fixtures") else []
@@ -44,8 +44,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadFileSche
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The host group first: it is the longest, and must not be the last to start."""
-    items.sort(key=lambda item: group_of(item.nodeid) != HOST_GROUP)  # stable: each part keeps its order
+    """The longest groups first (``tests/groups.py``): none of them must be the last to start."""
+    items.sort(key=lambda item: start_rank(item.nodeid))  # stable: each group keeps its order
 
 
 def _worker_dir(base: str) -> Path:
