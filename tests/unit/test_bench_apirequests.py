@@ -57,8 +57,11 @@ def test_the_watchers_counters_are_read_by_what_it_did_and_kind() -> None:
 
 def test_the_table_gives_the_observations_per_appwrapper_published_and_skipped() -> None:
     reset = phase("reset", 2000, {"watcher": 4.0})
-    reset.observations = {("published", "observation.pod"): 4100.0, ("unchanged", "observation.pod"): 1421.0}
-    reset.observations[("published", "observation.appwrapper")] = 700.0
+    reset.observations = {
+        ("published", "observation.pod"): 4100.0,
+        ("unchanged", "observation.pod"): 1421.0,
+        ("published", "observation.appwrapper"): 700.0,
+    }
     lines = table([reset], 100).splitlines()
     heading = lines.index("watch events the watcher published | skipped as unchanged (per AppWrapper):")
     # An AppWrapper kind with nothing skipped shows 0.00 after the bar, not a missing cell.
