@@ -40,7 +40,8 @@ release: venv
 # pytest-xdist workers for `make test`, `unit` and `integration`; each integration worker starts a
 # testbed of its own (tests/conftest.py). TEST_WORKERS=0 runs the suite in this process, in order.
 # Four on 2 cores: the tests wait on their testbeds often enough that a fourth worker still finds
-# a core free (pytest 12½–13½ minutes with four, 14¾–16¼ with three; README).
+# a core free (pytest 14 minutes on average over five runs with four, 15½ over four with three;
+# README).
 TEST_WORKERS ?= 4
 PYTEST_WORKERS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
